@@ -1,0 +1,45 @@
+"""Errors raised by fastapi_jobs.
+
+The hierarchy::
+
+    FastAPIJobsError
+    ├── ConfigurationError      bad declaration: caught when the job is declared
+    ├── JobNotFoundError        a job name the scheduler does not know
+    └── JobRunningError         asked to run a job that is already running
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "FastAPIJobsError",
+    "JobNotFoundError",
+    "JobRunningError",
+]
+
+
+class FastAPIJobsError(Exception):
+    """Base class of every error fastapi_jobs raises."""
+
+
+class ConfigurationError(FastAPIJobsError, ValueError):
+    """Raised when a job, a schedule or the scheduler is declared wrongly."""
+
+
+class JobNotFoundError(FastAPIJobsError, LookupError):
+    """Raised when a job name is not registered with the scheduler."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        listing = ", ".join(repr(k) for k in known) or "none"
+        super().__init__(f"no job named {name!r}; the jobs are: {listing}")
+
+
+class JobRunningError(FastAPIJobsError):
+    """Raised when a job is asked to run now while a run of it is still going."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"job {name!r} is running; wait for the run to finish and ask again"
+        )

@@ -1,0 +1,138 @@
+"""A job as declared: the function, its schedule and its options."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from ._context import JobContext
+from ._errors import ConfigurationError
+from ._schedules import Schedule
+
+__all__ = ["Job", "JobFunc"]
+
+JobFunc = Callable[[], Any] | Callable[[JobContext], Any]
+"""A job: sync or async, taking nothing or one ``JobContext``."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Job:
+    """One declared job. Built by ``Scheduler.every``/``cron``/``add_job``."""
+
+    name: str
+    func: Callable[..., Any]
+    schedule: Schedule
+    timeout: float | None
+    run_on_startup: bool
+    takes_context: bool
+    is_async: bool
+
+    @classmethod
+    def build(
+        cls,
+        func: object,
+        schedule: Schedule,
+        *,
+        name: str | None,
+        timeout: float | timedelta | None,
+        run_on_startup: bool,
+    ) -> Job:
+        if not callable(func):
+            raise ConfigurationError(
+                f"a job must be a function (async or sync), got {func!r}"
+            )
+        if not isinstance(schedule, Schedule):
+            raise ConfigurationError(
+                f"a job's schedule must be a Schedule such as Every(...) or Cron(...), "
+                f"got {schedule!r}"
+            )
+        if name is None:
+            name = getattr(func, "__name__", None)
+            if not name or name == "<lambda>":
+                raise ConfigurationError(
+                    f"cannot tell the name of job {func!r}: give it one with name="
+                )
+        if not isinstance(name, str) or not name.strip() or "/" in name:
+            raise ConfigurationError(
+                f"job name {name!r} is not usable: use a non-empty string without '/'"
+            )
+        return cls(
+            name=name,
+            func=func,
+            schedule=schedule,
+            timeout=_timeout(name, timeout),
+            run_on_startup=bool(run_on_startup),
+            takes_context=_takes_context(name, func),
+            is_async=_is_async(func),
+        )
+
+
+def _timeout(name: str, timeout: float | timedelta | None) -> float | None:
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if (
+        not isinstance(seconds, (int, float))
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigurationError(
+            f"job {name!r}: timeout={timeout!r} must be a positive number of seconds "
+            "or a timedelta (or None for no timeout)"
+        )
+    return float(seconds)
+
+
+def _is_async(func: object) -> bool:
+    target = getattr(func, "func", func)  # functools.partial
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)
+    )
+
+
+def _takes_context(name: str, func: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    kinds = inspect.Parameter
+    required = [
+        p
+        for p in sig.parameters.values()
+        if p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+    ]
+    if not required:
+        return False
+    hint = _annotation(func, required[0])
+    fits = (
+        len(required) == 1
+        and required[0].kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        and hint in (JobContext, kinds.empty, "JobContext")
+    )
+    if not fits:
+        listing = ", ".join(str(p) for p in required)
+        raise ConfigurationError(
+            f"job {name!r} takes ({listing}): a job takes no parameters, or one "
+            "parameter annotated JobContext, e.g. `async def job(ctx: JobContext)`"
+        )
+    return True
+
+
+def _annotation(func: Callable[..., Any], param: inspect.Parameter) -> object:
+    annotation = param.annotation
+    if isinstance(annotation, str):
+        # `from __future__ import annotations` leaves strings; resolve them
+        # where we can, and fall back to the name for locally defined types.
+        target = getattr(func, "func", func)
+        try:
+            hints = typing.get_type_hints(target)
+        except Exception:  # noqa: BLE001 - an unresolvable hint is not our error
+            return annotation.rsplit(".", 1)[-1]
+        return hints.get(param.name, annotation)
+    return annotation

@@ -1,0 +1,206 @@
+"""The life of one job inside the scheduler: its loop and its guarded run.
+
+The loop waits for the next tick of the job's schedule, runs the job, and
+computes the following tick from the schedule's grid, never from when the
+run ended, so nothing drifts. A run is awaited in the loop itself: ticks
+that come while it goes are dropped (and counted), never queued, and no task
+is spawned per run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import anyio
+
+from ._clock import Clock
+from ._context import JobContext
+from ._job import Job
+from ._status import JobStats, Outcome
+
+__all__ = ["JobRunner", "RunResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What :meth:`Scheduler.run_now` returns: how one run ended."""
+
+    name: str
+    outcome: Outcome
+    tick: datetime
+    duration_s: float
+    error: BaseException | None
+    """The exception of a failed run (a ``TimeoutError`` for a timed-out one)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+class JobRunner:
+    """Runs one job: on its schedule (:meth:`loop`) or now (:meth:`run`)."""
+
+    __slots__ = ("_clock", "_in_loop_run", "_scope", "_stopping", "job", "logger", "stats")
+
+    def __init__(self, job: Job, clock: Clock, logger: logging.Logger) -> None:
+        self.job = job
+        self.stats = JobStats()
+        self.logger = logger.getChild(job.name)
+        self._clock = clock
+        self._scope: anyio.CancelScope | None = None
+        self._stopping = False
+        self._in_loop_run = False
+
+    # -- the loop ---------------------------------------------------------
+
+    async def loop(self, state: Mapping[str, Any], on_exit: Callable[[], None]) -> None:
+        """Run the job on its schedule until :meth:`stop` (or cancellation)."""
+        clock, schedule, stats = self._clock, self.job.schedule, self.stats
+        try:
+            with anyio.CancelScope() as self._scope:
+                if self._stopping:
+                    return
+                now = clock.now()
+                tick = schedule.next_after(now)
+                if self.job.run_on_startup:
+                    await self._run_in_loop(now, state)
+                    if self._stopping:
+                        return
+                    tick = self._after_run(now, tick)
+                while True:
+                    stats.next_run_at = tick
+                    await clock.sleep_until(tick)
+                    nxt = schedule.next_after(tick)
+                    now = clock.now()
+                    if nxt <= now:
+                        # Woke late (blocked loop, machine asleep): only the
+                        # latest due tick runs.
+                        missed, tick = schedule.ticks_between(tick, now)
+                        stats.skip("missed", missed)
+                        nxt = schedule.next_after(tick)
+                    if stats.running:  # a run started by hand is going
+                        stats.skip("overlap")
+                        tick = nxt
+                        continue
+                    await self._run_in_loop(tick, state)
+                    if self._stopping:
+                        return
+                    tick = self._after_run(tick, nxt)
+        finally:
+            self._scope = None
+            stats.next_run_at = None
+            on_exit()
+
+    def _after_run(self, ran_for: float, nxt: float) -> float:
+        """The tick to wait for after the run for ``ran_for``; count overlaps."""
+        end = self._clock.now()
+        if nxt > end:
+            return nxt
+        dropped, last = self.job.schedule.ticks_between(ran_for, end)
+        self.stats.skip("overlap", dropped)
+        return self.job.schedule.next_after(last)
+
+    async def _run_in_loop(self, tick: float, state: Mapping[str, Any]) -> None:
+        self._in_loop_run = True
+        try:
+            await self.run(tick, state)
+        finally:
+            self._in_loop_run = False
+
+    def stop(self) -> None:
+        """Stop ticking: at once if idle, else after the run in flight."""
+        self._stopping = True
+        if not self._in_loop_run and self._scope is not None:
+            self._scope.cancel()
+
+    @property
+    def in_flight(self) -> bool:
+        """The loop is inside a run (what shutdown waits for)."""
+        return self._in_loop_run
+
+    def cut(self) -> None:
+        """Cancel the run in flight (shutdown deadline passed)."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # -- one run ----------------------------------------------------------
+
+    async def run(
+        self, tick: float, state: Mapping[str, Any], *, manual: bool = False
+    ) -> Outcome:
+        """Run the job once, guarded: errors and timeouts are logged and
+        recorded, never raised; cancellation from outside is recorded and
+        re-raised."""
+        job, stats, clock = self.job, self.stats, self._clock
+        stats.running = True
+        stats.runs += 1
+        stats.last_started_at = clock.now()
+        started = anyio.current_time()
+        outcome: Outcome = "cancelled"
+        error: BaseException | None = None
+        try:
+            args: tuple[JobContext, ...] = ()
+            if job.takes_context:
+                args = (self._context(tick, state, manual),)
+            if job.timeout is None:
+                await self._call(args)
+                outcome = "ok"
+            else:
+                with anyio.move_on_after(job.timeout) as scope:
+                    await self._call(args)
+                if scope.cancel_called:
+                    outcome = "timed_out"
+                    error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
+                else:
+                    outcome = "ok"
+        except Exception as exc:
+            outcome, error = "failed", exc
+        finally:
+            duration = anyio.current_time() - started
+            stats.running = False
+            stats.last_finished_at = clock.now()
+            stats.last_duration = duration
+            stats.last_outcome = outcome
+            if outcome != "ok":
+                self._report(outcome, error, duration)
+        return outcome
+
+    async def _call(self, args: tuple[JobContext, ...]) -> None:
+        if self.job.is_async:
+            await self.job.func(*args)
+        else:
+            # A thread cannot be interrupted: on timeout or shutdown cut, the
+            # wait is abandoned and the thread finishes in the background.
+            await anyio.to_thread.run_sync(self.job.func, *args, abandon_on_cancel=True)
+
+    def _context(self, tick: float, state: Mapping[str, Any], manual: bool) -> JobContext:
+        return JobContext(
+            name=self.job.name,
+            tick=datetime.fromtimestamp(tick, timezone.utc),
+            state=state,
+            logger=self.logger,
+            manual=manual,
+        )
+
+    def _report(self, outcome: Outcome, error: BaseException | None, duration: float) -> None:
+        stats, name = self.stats, self.job.name
+        extra = {"job": name, "outcome": outcome, "duration_s": duration}
+        if outcome == "cancelled":
+            # Shutdown logs which jobs it cut; keep the previous error visible.
+            self.logger.warning("job %r was cancelled after %.3fs", name, duration, extra=extra)
+            return
+        stats.failures += 1
+        stats.last_error = error
+        if outcome == "timed_out":
+            note = "" if self.job.is_async else " (its thread goes on in the background)"
+            self.logger.error(
+                "job %r timed out after %.3fs%s", name, duration, note, extra=extra
+            )
+        else:
+            self.logger.error(
+                "job %r failed after %.3fs: %r", name, duration, error, exc_info=error, extra=extra
+            )

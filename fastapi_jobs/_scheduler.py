@@ -1,0 +1,292 @@
+"""The scheduler: the registry of jobs and the owner of their task group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+from ._clock import Clock, SystemClock
+from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
+from ._job import Job
+from ._runner import JobRunner, RunResult
+from ._schedules import Cron, Every, Schedule
+from ._status import JobStatus
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+__all__ = ["AppLifespan", "Scheduler"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
+"""The app's own lifespan: ``app -> async context manager`` yielding its state."""
+
+
+class Scheduler:
+    """The registry of jobs, and the lifespan that runs them.
+
+    Example::
+
+        scheduler = Scheduler(lifespan=resources)
+
+        @scheduler.every(hours=1)
+        async def expire_sessions(ctx: JobContext) -> None: ...
+
+        app = FastAPI(lifespan=scheduler.lifespan)
+        app.include_router(scheduler.router)  # status at /jobs
+
+    Args:
+        lifespan: the app's own lifespan, entered first; what it yields (the
+            database engine, clients) is the state jobs get on
+            ``ctx.state`` and requests on ``request.state``.
+        logger: where runs are logged; each job logs to a child named after
+            it. Default: the ``fastapi_jobs`` logger.
+        shutdown_timeout: on shutdown, how long to wait for runs in flight
+            (seconds or a timedelta) before cancelling them; None waits for
+            as long as they take.
+        clock: where time comes from; tests pass a :class:`LoopClock`.
+    """
+
+    def __init__(
+        self,
+        *,
+        lifespan: AppLifespan | None = None,
+        logger: logging.Logger | None = None,
+        shutdown_timeout: float | timedelta | None = 20.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if isinstance(shutdown_timeout, timedelta):
+            shutdown_timeout = shutdown_timeout.total_seconds()
+        if shutdown_timeout is not None and not shutdown_timeout >= 0:
+            raise ConfigurationError(
+                f"shutdown_timeout={shutdown_timeout!r} must be >= 0 seconds, or None"
+            )
+        self.logger = logger or logging.getLogger("fastapi_jobs")
+        self.shutdown_timeout = shutdown_timeout
+        self.clock: Clock = clock or SystemClock()
+        self._app_lifespan = lifespan
+        self._runners: dict[str, JobRunner] = {}
+        self._state: Mapping[str, Any] | None = None
+        self._router: APIRouter | None = None
+
+    # -- declaring jobs ---------------------------------------------------
+
+    def add_job(
+        self,
+        func: Callable[..., Any],
+        schedule: Schedule,
+        *,
+        name: str | None = None,
+        timeout: float | timedelta | None = None,
+        run_on_startup: bool = False,
+    ) -> Job:
+        """Register ``func`` to run on ``schedule``; the decorators call this.
+
+        ``timeout`` cancels a run that takes longer (recorded as
+        ``timed_out``); ``run_on_startup`` also runs the job once when the
+        scheduler starts.
+        """
+        if self._state is not None:
+            raise ConfigurationError(
+                f"cannot add job {name or getattr(func, '__name__', func)!r}: the "
+                "scheduler is already running; declare jobs before the app starts"
+            )
+        job = Job.build(
+            func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup
+        )
+        if job.name in self._runners:
+            raise ConfigurationError(
+                f"job {job.name!r} is declared twice: give one of them name="
+            )
+        self._runners[job.name] = JobRunner(job, self.clock, self.logger)
+        return job
+
+    def every(
+        self,
+        *,
+        days: float = 0,
+        hours: float = 0,
+        minutes: float = 0,
+        seconds: float = 0,
+        offset: float | timedelta = 0,
+        name: str | None = None,
+        timeout: float | timedelta | None = None,
+        run_on_startup: bool = False,
+    ) -> Callable[[F], F]:
+        """Decorate a job that runs at a fixed interval (see :class:`Every`).
+
+        The arguments add up: ``every(hours=1, minutes=30)`` is 90 minutes.
+        Ticks lie on a grid from the Unix epoch plus ``offset``, the same in
+        every process and after every restart.
+        """
+        schedule = Every(days=days, hours=hours, minutes=minutes, seconds=seconds, offset=offset)
+        return self._decorator(schedule, name, timeout, run_on_startup)
+
+    def cron(
+        self,
+        expr: str,
+        *,
+        tz: str | tzinfo = "UTC",
+        name: str | None = None,
+        timeout: float | timedelta | None = None,
+        run_on_startup: bool = False,
+    ) -> Callable[[F], F]:
+        """Decorate a job that runs on a cron expression in ``tz`` (see :class:`Cron`)."""
+        return self._decorator(Cron(expr, tz=tz), name, timeout, run_on_startup)
+
+    def _decorator(
+        self,
+        schedule: Schedule,
+        name: str | None,
+        timeout: float | timedelta | None,
+        run_on_startup: bool,
+    ) -> Callable[[F], F]:
+        def register(func: F) -> F:
+            self.add_job(
+                func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup
+            )
+            return func  # unchanged, so tests can call it directly
+
+        return register
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The declared jobs, by name."""
+        return {name: runner.job for name, runner in self._runners.items()}
+
+    # -- running ----------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
+        """The lifespan to give ``FastAPI(lifespan=...)`` (or Starlette).
+
+        Enters the app's own lifespan, then starts the jobs with its state;
+        on the way out, drains the jobs before the app's resources close.
+        """
+        async with AsyncExitStack() as stack:
+            state: Mapping[str, Any] | None = None
+            if self._app_lifespan is not None:
+                state = await stack.enter_async_context(self._app_lifespan(app))
+            if state is None:
+                state = {}
+            async with self.running(state):
+                yield state
+
+    @asynccontextmanager
+    async def running(self, state: Mapping[str, Any] | None = None) -> AsyncIterator[None]:
+        """Run the jobs for the duration of the ``async with`` block.
+
+        What :meth:`lifespan` uses; use it directly outside an ASGI app. On
+        exit: stop ticking at once, wait for runs in flight up to
+        ``shutdown_timeout``, then cancel what remains and log each job cut.
+        """
+        if self._state is not None:
+            raise RuntimeError("this scheduler is already running")
+        self._state = {} if state is None else state
+        runners = list(self._runners.values())
+        stopped = anyio.Event()
+        live = len(runners)
+
+        def on_exit() -> None:
+            nonlocal live
+            live -= 1
+            if live == 0:
+                stopped.set()
+
+        if not runners:
+            stopped.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                for runner in runners:
+                    tg.start_soon(runner.loop, self._state, on_exit)
+                try:
+                    yield
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._drain(runners, stopped)
+        finally:
+            self._state = None
+
+    async def _drain(self, runners: list[JobRunner], stopped: anyio.Event) -> None:
+        for runner in runners:
+            runner.stop()
+        in_flight = [r.job.name for r in runners if r.in_flight]
+        if in_flight:
+            self.logger.info(
+                "shutting down: waiting up to %s for runs in flight: %s",
+                "no limit" if self.shutdown_timeout is None else f"{self.shutdown_timeout:g}s",
+                ", ".join(in_flight),
+            )
+        with anyio.move_on_after(self.shutdown_timeout):
+            await stopped.wait()
+        for runner in runners:
+            if runner.in_flight:
+                self.logger.warning(
+                    "job %r was still running at the shutdown deadline (%gs): cancelling it",
+                    runner.job.name,
+                    self.shutdown_timeout,
+                    extra={"job": runner.job.name},
+                )
+                runner.cut()
+
+    async def run_now(self, name: str, *, state: Mapping[str, Any] | None = None) -> RunResult:
+        """Run one job once, now, and return how it ended.
+
+        For tests and operators. The run is guarded and recorded like a
+        scheduled one (errors are returned, not raised). ``state`` defaults to
+        the running app's state (empty when the scheduler is not running).
+        Raises :class:`JobRunningError` if a run of the job is going.
+        """
+        runner = self._runner(name)
+        if runner.stats.running:
+            raise JobRunningError(name)
+        if state is None:
+            state = self._state if self._state is not None else {}
+        tick = self.clock.now()
+        outcome = await runner.run(tick, state, manual=True)
+        stats = runner.stats
+        return RunResult(
+            name=name,
+            outcome=outcome,
+            tick=datetime.fromtimestamp(tick, timezone.utc),
+            duration_s=stats.last_duration or 0.0,
+            error=None if outcome == "ok" else stats.last_error,
+        )
+
+    # -- status -----------------------------------------------------------
+
+    def status(self) -> list[JobStatus]:
+        """A snapshot of every job's status, in declaration order."""
+        return [self._snapshot(r) for r in self._runners.values()]
+
+    def job_status(self, name: str) -> JobStatus:
+        """A snapshot of one job's status; :class:`JobNotFoundError` if unknown."""
+        return self._snapshot(self._runner(name))
+
+    @property
+    def router(self) -> APIRouter:
+        """An ``APIRouter`` serving ``GET /jobs`` and ``GET /jobs/{name}``.
+
+        Include it with the app's own dependencies to protect it:
+        ``app.include_router(scheduler.router, dependencies=[Depends(admin)])``.
+        """
+        if self._router is None:
+            from ._router import build_router
+
+            self._router = build_router(self)
+        return self._router
+
+    def _snapshot(self, runner: JobRunner) -> JobStatus:
+        return runner.stats.snapshot(runner.job.name, runner.job.schedule.describe())
+
+    def _runner(self, name: str) -> JobRunner:
+        try:
+            return self._runners[name]
+        except KeyError:
+            raise JobNotFoundError(name, list(self._runners)) from None

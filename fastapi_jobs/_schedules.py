@@ -1,0 +1,234 @@
+"""Schedules: pure functions from an instant to the next tick.
+
+Instants are POSIX timestamps (float seconds since the Unix epoch, UTC). A
+schedule never reads a clock, so every process and every restart that asks
+the same question gets the same answer, and tests need no clock at all.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from datetime import datetime, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from ._errors import ConfigurationError
+
+__all__ = ["Cron", "Every", "Schedule"]
+
+_US = 1_000_000
+# Catch-up counting for cron walks tick by tick; past this many ticks the
+# count is reported as this number (the latest tick is still exact).
+_MAX_COUNTED = 100_000
+
+
+def _us(ts: float) -> int:
+    # Ticks round-trip through float; rounding (not flooring) recovers the
+    # exact microsecond a tick was computed from.
+    return round(ts * _US)
+
+
+class Schedule(abc.ABC):
+    """When a job runs. Subclass it for a schedule of your own.
+
+    Only :meth:`next_after` is required; :meth:`ticks_between` has a generic
+    implementation that subclasses may speed up.
+    """
+
+    @abc.abstractmethod
+    def next_after(self, ts: float) -> float:
+        """The first tick strictly after POSIX time ``ts``."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """A short human-readable description, shown on the status page."""
+
+    def ticks_between(self, after: float, until: float) -> tuple[int, float]:
+        """Count the ticks ``t`` with ``after < t <= until``; return it and the last.
+
+        When there is none the count is 0 and the "last" is ``after``.
+        """
+        count, last = 0, after
+        nxt = self.next_after(after)
+        while nxt <= until:
+            count, last = count + 1, nxt
+            if count >= _MAX_COUNTED:
+                # Find the true latest tick without counting the rest.
+                return count, self._latest_at_or_before(until, nxt)
+            nxt = self.next_after(nxt)
+        return count, last
+
+    def _latest_at_or_before(self, until: float, known: float) -> float:
+        # Generic and slow; schedules that can look backwards override it.
+        nxt = self.next_after(known)
+        while nxt <= until:
+            known, nxt = nxt, self.next_after(nxt)
+        return known
+
+    def next_datetime(self, after: datetime) -> datetime:
+        """The first tick strictly after ``after`` (an aware datetime), in UTC."""
+        if after.tzinfo is None:
+            raise ValueError("pass an aware datetime (with tzinfo), not a naive one")
+        return datetime.fromtimestamp(self.next_after(after.timestamp()), timezone.utc)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+class Every(Schedule):
+    """A fixed interval on a grid anchored at the Unix epoch, plus ``offset``.
+
+    ``Every(hours=1)`` ticks at every full UTC hour; ``Every(days=1,
+    offset=timedelta(hours=7))`` at 07:00 UTC each day. Every process and
+    every restart computes the same ticks, so a deploy never resets the clock
+    of a daily job, and the next tick never depends on when a run ended.
+    """
+
+    __slots__ = ("_offset_us", "_period_us", "interval", "offset")
+
+    def __init__(
+        self,
+        *,
+        days: float = 0,
+        hours: float = 0,
+        minutes: float = 0,
+        seconds: float = 0,
+        offset: float | timedelta = 0,
+    ) -> None:
+        parts = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
+        for key, value in parts.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigurationError(f"every({key}=...) takes a number, got {value!r}")
+            if value < 0 or not math.isfinite(value):
+                raise ConfigurationError(
+                    f"every({key}={value!r}) is not allowed: each part of an "
+                    "interval must be a finite number >= 0"
+                )
+        total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+        period_us = round(total * _US)
+        if period_us <= 0:
+            raise ConfigurationError(
+                "an interval must be longer than zero: pass days=, hours=, minutes= "
+                "or seconds=, for example every(minutes=5)"
+            )
+        off = offset.total_seconds() if isinstance(offset, timedelta) else offset
+        offset_us = round(off * _US)
+        if not 0 <= offset_us < period_us:
+            raise ConfigurationError(
+                f"offset={offset!r} must be >= 0 and shorter than the interval "
+                f"({timedelta(microseconds=period_us)})"
+            )
+        self._period_us = period_us
+        self._offset_us = offset_us
+        self.interval = timedelta(microseconds=period_us)
+        self.offset = timedelta(microseconds=offset_us)
+
+    def next_after(self, ts: float) -> float:
+        off, period = self._offset_us, self._period_us
+        k = (_us(ts) - off) // period + 1
+        return (off + k * period) / _US
+
+    def ticks_between(self, after: float, until: float) -> tuple[int, float]:
+        off, period = self._offset_us, self._period_us
+        ka = (_us(after) - off) // period
+        kb = (_us(until) - off) // period
+        if kb <= ka:
+            return 0, after
+        return kb - ka, (off + kb * period) / _US
+
+    def describe(self) -> str:
+        text = f"every {_human(self.interval)}"
+        if self.offset:
+            text += f" (+{_human(self.offset)})"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Every(seconds={self._period_us / _US!r}, offset={self._offset_us / _US!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Every):
+            return NotImplemented
+        return (self._period_us, self._offset_us) == (other._period_us, other._offset_us)
+
+    def __hash__(self) -> int:
+        return hash((Every, self._period_us, self._offset_us))
+
+
+class Cron(Schedule):
+    """A cron expression in a timezone, parsed by `cronsim`.
+
+    Five fields (minute hour day month weekday) or six (seconds first); names
+    such as ``mon-fri`` and ``jan``. Wall-clock by nature: ``Cron("0 7 * * *",
+    tz="Europe/Lisbon")`` runs at 07:00 Lisbon time in winter and summer, and
+    DST transitions behave as in Debian cron (a skipped 01:30 runs at 02:00; a
+    repeated hour runs once).
+    """
+
+    __slots__ = ("expr", "tz", "_explained")
+
+    def __init__(self, expr: str, tz: str | tzinfo = "UTC") -> None:
+        if not isinstance(expr, str):
+            raise ConfigurationError(f"a cron expression is a string, got {expr!r}")
+        self.tz = _zone(tz)
+        self.expr = " ".join(expr.split())
+        try:
+            self._explained = CronSim(self.expr, datetime.now(self.tz)).explain()
+        except CronSimError as exc:
+            raise ConfigurationError(
+                f"invalid cron expression {expr!r} ({exc}): use 5 fields "
+                "'minute hour day month weekday' or 6 with seconds first, "
+                "for example '0 7 * * mon-fri'"
+            ) from None
+
+    def next_after(self, ts: float) -> float:
+        return next(CronSim(self.expr, datetime.fromtimestamp(ts, self.tz))).timestamp()
+
+    def _latest_at_or_before(self, until: float, known: float) -> float:
+        # Cron ticks are whole seconds; a start with microseconds makes cronsim's
+        # reverse iteration consider the whole second itself first.
+        start = datetime.fromtimestamp(math.floor(until), self.tz).replace(microsecond=1)
+        return max(known, next(CronSim(self.expr, start, reverse=True)).timestamp())
+
+    def describe(self) -> str:
+        return f"cron '{self.expr}' {self.tz} ({self._explained})"
+
+    def __repr__(self) -> str:
+        return f"Cron({self.expr!r}, tz={str(self.tz)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cron):
+            return NotImplemented
+        return (self.expr, str(self.tz)) == (other.expr, str(other.tz))
+
+    def __hash__(self) -> int:
+        return hash((Cron, self.expr, str(self.tz)))
+
+
+def _zone(tz: str | tzinfo) -> tzinfo:
+    if isinstance(tz, tzinfo):
+        return tz
+    if not isinstance(tz, str):
+        raise ConfigurationError(f"tz= takes an IANA name or a tzinfo, got {tz!r}")
+    if tz.upper() == "UTC":
+        return timezone.utc
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigurationError(
+            f"unknown timezone {tz!r}: use an IANA name such as 'Europe/Lisbon' "
+            "or 'UTC' (on a system without tz data, install the tzdata package)"
+        ) from None
+
+
+def _human(delta: timedelta) -> str:
+    total = delta.total_seconds()
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if total >= size:
+            count, total = divmod(total, size)
+            parts.append(f"{int(count)}{unit}")
+    if total or not parts:
+        parts.append(f"{total:g}s")
+    return "".join(parts)

@@ -1,0 +1,107 @@
+"""Status: plain data about each job, kept by its loop and read by the router.
+
+The loop writes a few floats and ints per run into :class:`JobStats` (cheap on
+the hot path); :class:`JobStatus` is the read-only snapshot built on demand.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["ErrorInfo", "JobStats", "JobStatus", "Outcome", "SkipReason"]
+
+Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
+"""How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
+
+SkipReason = Literal["overlap", "missed"]
+"""Why a tick did not run: ``overlap``, the previous run was still going;
+``missed``, the loop woke too late (blocked loop, machine asleep) and only
+the latest due tick ran."""
+
+
+class ErrorInfo(BaseModel):
+    """The last error of a job: its type and message, never a traceback."""
+
+    type: str = Field(description="The exception's class name, e.g. 'ValueError'.")
+    message: str = Field(description="str() of the exception.")
+
+
+class JobStatus(BaseModel):
+    """One job's status, as ``GET /jobs`` returns it."""
+
+    name: str
+    schedule: str = Field(description="Human-readable schedule.")
+    running: bool = Field(description="A run of this job is going now.")
+    next_run_at: datetime | None = Field(
+        description="The next tick (UTC); null when the scheduler is not running."
+    )
+    last_started_at: datetime | None
+    last_finished_at: datetime | None
+    last_duration_s: float | None
+    last_outcome: Outcome | None
+    last_error: ErrorInfo | None = Field(
+        description="The error of the most recent failed or timed-out run (kept after later successes)."
+    )
+    runs: int = Field(description="Runs started since the process started.")
+    failures: int = Field(description="Runs that failed or timed out.")
+    skipped_ticks: int = Field(description="Ticks that did not run, all reasons.")
+    skipped: dict[str, int] = Field(description="Skipped ticks by reason.")
+
+
+def _utc(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+
+
+class JobStats:
+    """Mutable counters of one job in this process."""
+
+    __slots__ = (
+        "failures",
+        "last_duration",
+        "last_error",
+        "last_finished_at",
+        "last_outcome",
+        "last_started_at",
+        "next_run_at",
+        "runs",
+        "running",
+        "skipped",
+    )
+
+    def __init__(self) -> None:
+        self.running = False
+        self.runs = 0
+        self.failures = 0
+        self.next_run_at: float | None = None
+        self.last_started_at: float | None = None
+        self.last_finished_at: float | None = None
+        self.last_duration: float | None = None
+        self.last_outcome: Outcome | None = None
+        self.last_error: BaseException | None = None
+        self.skipped: dict[str, int] = {}
+
+    def skip(self, reason: SkipReason, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+    def snapshot(self, name: str, schedule: str) -> JobStatus:
+        error = self.last_error
+        return JobStatus(
+            name=name,
+            schedule=schedule,
+            running=self.running,
+            next_run_at=_utc(self.next_run_at),
+            last_started_at=_utc(self.last_started_at),
+            last_finished_at=_utc(self.last_finished_at),
+            last_duration_s=self.last_duration,
+            last_outcome=self.last_outcome,
+            last_error=None
+            if error is None
+            else ErrorInfo(type=type(error).__name__, message=str(error)),
+            runs=self.runs,
+            failures=self.failures,
+            skipped_ticks=sum(self.skipped.values()),
+            skipped=dict(self.skipped),
+        )
