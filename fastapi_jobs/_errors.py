@@ -40,6 +40,4 @@ class JobRunningError(FastAPIJobsError):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(
-            f"job {name!r} is running; wait for the run to finish and ask again"
-        )
+        super().__init__(f"job {name!r} is running; wait for the run to finish and ask again")

@@ -43,9 +43,7 @@ class Job:
         run_on_startup: bool,
     ) -> Job:
         if not callable(func):
-            raise ConfigurationError(
-                f"a job must be a function (async or sync), got {func!r}"
-            )
+            raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
         if not isinstance(schedule, Schedule):
             raise ConfigurationError(
                 f"a job's schedule must be a Schedule such as Every(...) or Cron(...), "
@@ -91,9 +89,10 @@ def _timeout(name: str, timeout: float | timedelta | None) -> float | None:
 
 def _is_async(func: object) -> bool:
     target = getattr(func, "func", func)  # functools.partial
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)
-    )
+    if inspect.iscoroutinefunction(target):
+        return True
+    # An instance whose class defines `async def __call__`.
+    return not inspect.isroutine(target) and inspect.iscoroutinefunction(type(target).__call__)
 
 
 def _takes_context(name: str, func: Callable[..., Any]) -> bool:
@@ -116,7 +115,7 @@ def _takes_context(name: str, func: Callable[..., Any]) -> bool:
         and hint in (JobContext, kinds.empty, "JobContext")
     )
     if not fits:
-        listing = ", ".join(str(p) for p in required)
+        listing = ", ".join(p.name for p in required)
         raise ConfigurationError(
             f"job {name!r} takes ({listing}): a job takes no parameters, or one "
             "parameter annotated JobContext, e.g. `async def job(ctx: JobContext)`"

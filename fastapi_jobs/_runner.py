@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -67,6 +67,7 @@ class JobRunner:
                 now = clock.now()
                 tick = schedule.next_after(now)
                 if self.job.run_on_startup:
+                    stats.next_run_at = tick
                     await self._run_in_loop(now, state)
                     if self._stopping:
                         return
@@ -86,6 +87,7 @@ class JobRunner:
                         stats.skip("overlap")
                         tick = nxt
                         continue
+                    stats.next_run_at = nxt
                     await self._run_in_loop(tick, state)
                     if self._stopping:
                         return
@@ -111,6 +113,10 @@ class JobRunner:
         finally:
             self._in_loop_run = False
 
+    def arm(self) -> None:
+        """Make ready to loop again (a scheduler can be started more than once)."""
+        self._stopping = False
+
     def stop(self) -> None:
         """Stop ticking: at once if idle, else after the run in flight."""
         self._stopping = True
@@ -129,9 +135,7 @@ class JobRunner:
 
     # -- one run ----------------------------------------------------------
 
-    async def run(
-        self, tick: float, state: Mapping[str, Any], *, manual: bool = False
-    ) -> Outcome:
+    async def run(self, tick: float, state: Mapping[str, Any], *, manual: bool = False) -> Outcome:
         """Run the job once, guarded: errors and timeouts are logged and
         recorded, never raised; cancellation from outside is recorded and
         re-raised."""
@@ -157,7 +161,7 @@ class JobRunner:
                     error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
                 else:
                     outcome = "ok"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
         finally:
             duration = anyio.current_time() - started
@@ -180,7 +184,7 @@ class JobRunner:
     def _context(self, tick: float, state: Mapping[str, Any], manual: bool) -> JobContext:
         return JobContext(
             name=self.job.name,
-            tick=datetime.fromtimestamp(tick, timezone.utc),
+            tick=datetime.fromtimestamp(tick, UTC),
             state=state,
             logger=self.logger,
             manual=manual,
@@ -197,9 +201,7 @@ class JobRunner:
         stats.last_error = error
         if outcome == "timed_out":
             note = "" if self.job.is_async else " (its thread goes on in the background)"
-            self.logger.error(
-                "job %r timed out after %.3fs%s", name, duration, note, extra=extra
-            )
+            self.logger.error("job %r timed out after %.3fs%s", name, duration, note, extra=extra)
         else:
             self.logger.error(
                 "job %r failed after %.3fs: %r", name, duration, error, exc_info=error, extra=extra

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -97,13 +97,9 @@ class Scheduler:
                 f"cannot add job {name or getattr(func, '__name__', func)!r}: the "
                 "scheduler is already running; declare jobs before the app starts"
             )
-        job = Job.build(
-            func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup
-        )
+        job = Job.build(func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup)
         if job.name in self._runners:
-            raise ConfigurationError(
-                f"job {job.name!r} is declared twice: give one of them name="
-            )
+            raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
         self._runners[job.name] = JobRunner(job, self.clock, self.logger)
         return job
 
@@ -148,9 +144,7 @@ class Scheduler:
         run_on_startup: bool,
     ) -> Callable[[F], F]:
         def register(func: F) -> F:
-            self.add_job(
-                func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup
-            )
+            self.add_job(func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup)
             return func  # unchanged, so tests can call it directly
 
         return register
@@ -204,6 +198,7 @@ class Scheduler:
         try:
             async with anyio.create_task_group() as tg:
                 for runner in runners:
+                    runner.arm()
                     tg.start_soon(runner.loop, self._state, on_exit)
                 try:
                     yield
@@ -254,7 +249,7 @@ class Scheduler:
         return RunResult(
             name=name,
             outcome=outcome,
-            tick=datetime.fromtimestamp(tick, timezone.utc),
+            tick=datetime.fromtimestamp(tick, UTC),
             duration_s=stats.last_duration or 0.0,
             error=None if outcome == "ok" else stats.last_error,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import math
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -71,7 +71,7 @@ class Schedule(abc.ABC):
         """The first tick strictly after ``after`` (an aware datetime), in UTC."""
         if after.tzinfo is None:
             raise ValueError("pass an aware datetime (with tzinfo), not a naive one")
-        return datetime.fromtimestamp(self.next_after(after.timestamp()), timezone.utc)
+        return datetime.fromtimestamp(self.next_after(after.timestamp()), UTC)
 
     def __str__(self) -> str:
         return self.describe()
@@ -166,7 +166,7 @@ class Cron(Schedule):
     repeated hour runs once).
     """
 
-    __slots__ = ("expr", "tz", "_explained")
+    __slots__ = ("_explained", "expr", "tz")
 
     def __init__(self, expr: str, tz: str | tzinfo = "UTC") -> None:
         if not isinstance(expr, str):
@@ -212,7 +212,7 @@ def _zone(tz: str | tzinfo) -> tzinfo:
     if not isinstance(tz, str):
         raise ConfigurationError(f"tz= takes an IANA name or a tzinfo, got {tz!r}")
     if tz.upper() == "UTC":
-        return timezone.utc
+        return UTC
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):

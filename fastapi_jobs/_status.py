@@ -6,7 +6,7 @@ the hot path); :class:`JobStatus` is the read-only snapshot built on demand.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -43,7 +43,7 @@ class JobStatus(BaseModel):
     last_duration_s: float | None
     last_outcome: Outcome | None
     last_error: ErrorInfo | None = Field(
-        description="The error of the most recent failed or timed-out run (kept after later successes)."
+        description="The error of the latest failed or timed-out run, kept after successes."
     )
     runs: int = Field(description="Runs started since the process started.")
     failures: int = Field(description="Runs that failed or timed out.")
@@ -52,7 +52,7 @@ class JobStatus(BaseModel):
 
 
 def _utc(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
 class JobStats:
@@ -66,8 +66,8 @@ class JobStats:
         "last_outcome",
         "last_started_at",
         "next_run_at",
-        "runs",
         "running",
+        "runs",
         "skipped",
     )
 

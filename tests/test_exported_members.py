@@ -1,0 +1,34 @@
+"""The public API is exactly what is meant to be exported."""
+
+from __future__ import annotations
+
+import fastapi_jobs
+
+
+def test_exported_members() -> None:
+    """Everything in __all__ is defined, public, and nothing private leaks."""
+    assert fastapi_jobs.__all__ == sorted(fastapi_jobs.__all__)
+    assert set(fastapi_jobs.__all__) == {
+        "Clock",
+        "ConfigurationError",
+        "Cron",
+        "ErrorInfo",
+        "Every",
+        "FastAPIJobsError",
+        "Job",
+        "JobContext",
+        "JobNotFoundError",
+        "JobRunningError",
+        "JobStatus",
+        "LoopClock",
+        "Outcome",
+        "RunResult",
+        "Schedule",
+        "Scheduler",
+        "SystemClock",
+    }
+    for name in fastapi_jobs.__all__:
+        member = getattr(fastapi_jobs, name)
+        if name == "Outcome":  # a Literal alias: it has no module of its own
+            continue
+        assert member.__module__.startswith("fastapi_jobs._"), name

@@ -1,0 +1,174 @@
+"""Schedules are pure: tested without any clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from fastapi_jobs import ConfigurationError, Cron, Every
+
+UTC = UTC
+LISBON = ZoneInfo("Europe/Lisbon")
+
+
+def ts(*args: int, tz: object = UTC) -> float:
+    return datetime(*args, tzinfo=tz).timestamp()  # type: ignore[arg-type,misc]
+
+
+def ticks(schedule: Every | Cron, start: datetime, count: int) -> list[datetime]:
+    out, t = [], start
+    for _ in range(count):
+        t = schedule.next_datetime(t)
+        out.append(t)
+    return out
+
+
+def test_every_sums_its_arguments() -> None:
+    """every(days=, hours=, minutes=, seconds=) is the sum of its parts."""
+    assert Every(days=1, hours=2, minutes=3, seconds=4).interval == timedelta(
+        days=1, hours=2, minutes=3, seconds=4
+    )
+    assert Every(minutes=1.5).interval == timedelta(seconds=90)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"seconds": 0}, {"hours": -1}, {"minutes": 5, "seconds": -1}, {"seconds": float("nan")}],
+)
+def test_every_rejects_zero_and_negative(kwargs: dict[str, float]) -> None:
+    """A zero, negative or non-finite interval fails when declared."""
+    with pytest.raises(ConfigurationError, match=r"interval|every"):
+        Every(**kwargs)
+
+
+def test_every_rejects_offset_outside_interval() -> None:
+    """The offset must fall inside one interval."""
+    with pytest.raises(ConfigurationError, match="offset"):
+        Every(hours=1, offset=timedelta(hours=1))
+    with pytest.raises(ConfigurationError, match="offset"):
+        Every(hours=1, offset=-1)
+
+
+def test_interval_ticks_lie_on_the_epoch_grid() -> None:
+    """An hourly schedule ticks on the full UTC hour, whatever instant it is asked from."""
+    every = Every(hours=1)
+    assert every.next_after(ts(2026, 3, 2, 10, 17, 23)) == ts(2026, 3, 2, 11)
+    assert every.next_after(ts(2026, 3, 2, 10, 59, 59)) == ts(2026, 3, 2, 11)
+    # Strictly after: asked at a tick, it gives the following one.
+    assert every.next_after(ts(2026, 3, 2, 11)) == ts(2026, 3, 2, 12)
+
+
+def test_two_processes_and_a_restart_compute_the_same_ticks() -> None:
+    """Independent instances asked at different moments agree on every tick."""
+    a, b = Every(minutes=7), Every(minutes=7)
+    ta = a.next_after(ts(2026, 3, 2, 10, 0, 1))
+    assert ta % 420 == 0  # on the grid that starts at the epoch
+    for asked in (ta - 419, ta - 200.5, ta - 0.001):
+        assert b.next_after(asked) == ta
+
+
+def test_daily_job_keeps_its_time_across_deploys() -> None:
+    """A daily job with an offset runs at the same UTC time whenever the process started."""
+    daily = Every(days=1, offset=timedelta(hours=7))
+    for started in (ts(2026, 3, 2, 0, 5), ts(2026, 3, 2, 6, 59), ts(2026, 3, 2, 3)):
+        assert daily.next_after(started) == ts(2026, 3, 2, 7)
+    assert daily.next_after(ts(2026, 3, 2, 7, 0, 1)) == ts(2026, 3, 3, 7)
+
+
+def test_interval_does_not_drift_over_a_year() -> None:
+    """Stepping tick by tick for a year stays on exact grid instants (no float creep)."""
+    every = Every(seconds=0.1)
+    t = ts(2026, 1, 1)
+    for _ in range(100_000):
+        t = every.next_after(t)
+    assert round(t * 10) == t * 10
+    assert t == ts(2026, 1, 1) + 10_000
+
+
+def test_ticks_between_counts_and_returns_the_latest() -> None:
+    """ticks_between counts ticks in (after, until] and gives the latest one."""
+    every = Every(hours=1)
+    assert every.ticks_between(ts(2026, 3, 2, 1), ts(2026, 3, 2, 5, 30)) == (4, ts(2026, 3, 2, 5))
+    assert every.ticks_between(ts(2026, 3, 2, 1), ts(2026, 3, 2, 1, 59)) == (0, ts(2026, 3, 2, 1))
+    cron = Cron("0 * * * *")
+    assert cron.ticks_between(ts(2026, 3, 2, 1), ts(2026, 3, 2, 5, 30)) == (4, ts(2026, 3, 2, 5))
+
+
+def test_ticks_between_is_bounded_after_a_very_long_sleep() -> None:
+    """After years asleep, a per-second cron finds its latest tick without walking them all."""
+    cron = Cron("* * * * * *")
+    count, last = cron.ticks_between(ts(2020, 1, 1), ts(2026, 1, 1, 0, 0, 0) + 0.5)
+    assert last == ts(2026, 1, 1)
+    assert count >= 100_000
+
+
+def test_cron_five_fields_with_names_in_a_timezone() -> None:
+    """'0 7 * * mon-fri' in Lisbon: 07:00 local on weekdays only."""
+    cron = Cron("0 7 * * mon-fri", tz="Europe/Lisbon")
+    friday_noon = datetime(2026, 3, 6, 12, tzinfo=LISBON)
+    got = ticks(cron, friday_noon, 3)
+    assert [t.astimezone(LISBON) for t in got] == [
+        datetime(2026, 3, 9, 7, tzinfo=LISBON),
+        datetime(2026, 3, 10, 7, tzinfo=LISBON),
+        datetime(2026, 3, 11, 7, tzinfo=LISBON),
+    ]
+    assert all(t.tzinfo == UTC for t in got)
+
+
+def test_cron_six_fields_has_seconds() -> None:
+    """A sixth field in front is seconds."""
+    cron = Cron("*/15 * * * * *")
+    assert cron.next_after(ts(2026, 3, 2, 10, 0, 1)) == ts(2026, 3, 2, 10, 0, 15)
+
+
+def test_cron_keeps_wall_time_across_dst() -> None:
+    """07:00 Lisbon is 07:00 UTC in winter and 06:00 UTC in summer."""
+    cron = Cron("0 7 * * *", tz="Europe/Lisbon")
+    before, after = ticks(cron, datetime(2026, 3, 28, 8, tzinfo=UTC), 2)
+    assert before == datetime(2026, 3, 29, 6, tzinfo=UTC)  # first day of summer time
+    assert after == datetime(2026, 3, 30, 6, tzinfo=UTC)
+    assert ticks(cron, datetime(2026, 1, 10, 8, tzinfo=UTC), 1) == [
+        datetime(2026, 1, 11, 7, tzinfo=UTC)
+    ]
+
+
+def test_cron_spring_forward_runs_a_skipped_time_once_like_debian_cron() -> None:
+    """01:30 does not exist on 2026-03-29 in Lisbon: that day it runs at 02:00 local."""
+    cron = Cron("30 1 * * *", tz="Europe/Lisbon")
+    got = [t.astimezone(LISBON) for t in ticks(cron, datetime(2026, 3, 28, 12, tzinfo=LISBON), 2)]
+    assert got == [
+        datetime(2026, 3, 29, 2, 0, tzinfo=LISBON),
+        datetime(2026, 3, 30, 1, 30, tzinfo=LISBON),
+    ]
+
+
+def test_cron_fall_back_runs_a_repeated_time_once() -> None:
+    """01:30 happens twice on 2026-10-25 in Lisbon: it runs once."""
+    cron = Cron("30 1 * * *", tz="Europe/Lisbon")
+    got = ticks(cron, datetime(2026, 10, 24, 12, tzinfo=UTC), 2)
+    assert got[1] - got[0] == timedelta(hours=25)
+
+
+@pytest.mark.parametrize("expr", ["", "* * *", "61 * * * *", "0 7 * * funday", "0 0 31 2 *"])
+def test_cron_rejects_invalid_expressions(expr: str) -> None:
+    """An invalid expression fails at declaration and says what a valid one looks like."""
+    with pytest.raises(ConfigurationError, match=r"invalid cron expression.*'0 7 \* \* mon-fri'"):
+        Cron(expr)
+
+
+def test_cron_rejects_unknown_timezone() -> None:
+    """An unknown timezone fails at declaration with what to use instead."""
+    with pytest.raises(ConfigurationError, match=r"unknown timezone 'Mars/Olympus'.*IANA"):
+        Cron("0 7 * * *", tz="Mars/Olympus")
+
+
+def test_describe_is_human_readable() -> None:
+    """Status pages show schedules in words."""
+    assert Every(hours=1, minutes=30).describe() == "every 1h30m"
+    assert Every(days=1, offset=timedelta(hours=7)).describe() == "every 1d (+7h)"
+    assert Every(seconds=0.5).describe() == "every 0.5s"
+    assert Cron("0 7 * * mon-fri", tz="Europe/Lisbon").describe() == (
+        "cron '0 7 * * mon-fri' Europe/Lisbon (At 07:00 on Monday through Friday)"
+    )
