@@ -1,0 +1,136 @@
+"""The example app: sessions in a database, and the jobs that look after them.
+
+SQLite by default (a file in the working directory); set DATABASE_URL to use
+another database, e.g. ``postgresql+asyncpg://user:pass@localhost/app``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fastapi_jobs import JobContext, Scheduler
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///example_app.sqlite3")
+
+metadata = MetaData()
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("user", String(200), nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("expires_at", DateTime, nullable=False, index=True),
+)
+digests = Table(
+    "digests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("sent_at", DateTime, nullable=False),
+    Column("active_sessions", Integer, nullable=False),
+)
+
+logger = logging.getLogger("example_app")
+
+
+def utcnow() -> datetime:
+    # Naive UTC: what SQLAlchemy's DateTime stores on every backend alike.
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@asynccontextmanager
+async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    """The app's own lifespan: one engine (pool) for requests and jobs alike."""
+    engine = create_async_engine(DATABASE_URL)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    yield {"db": engine}
+    await engine.dispose()
+
+
+scheduler = Scheduler(lifespan=resources, logger=logger)
+
+
+@scheduler.every(minutes=1)
+async def expire_sessions(ctx: JobContext) -> None:
+    """Delete the sessions whose time is up."""
+    engine: AsyncEngine = ctx.state["db"]
+    async with engine.begin() as conn:
+        result = await conn.execute(delete(sessions).where(sessions.c.expires_at < utcnow()))
+    if result.rowcount:
+        ctx.logger.info("expired %d sessions", result.rowcount)
+
+
+@scheduler.cron("0 7 * * mon-fri", tz="Europe/Lisbon")
+async def send_digest(ctx: JobContext) -> None:
+    """Each weekday morning, "send" a digest: here, a row with the day's figure."""
+    engine: AsyncEngine = ctx.state["db"]
+    async with engine.begin() as conn:
+        active = await conn.scalar(select(func.count()).select_from(sessions))
+        await conn.execute(digests.insert().values(sent_at=utcnow(), active_sessions=active))
+    ctx.logger.info("digest sent: %d active sessions", active)
+
+
+_upstream_calls = itertools.count(1)
+
+
+@scheduler.every(seconds=20)
+def refresh_rates() -> None:
+    """A sync job (it runs in a worker thread) whose upstream fails every third call."""
+    if next(_upstream_calls) % 3 == 0:
+        raise ConnectionError("rates upstream timed out")
+
+
+app = FastAPI(title="fastapi_jobs example", lifespan=scheduler.lifespan)
+app.include_router(scheduler.router)
+
+
+class NewSession(BaseModel):
+    user: str = Field(min_length=1, max_length=200)
+    ttl_seconds: int = Field(default=3600, gt=0)
+
+
+class SessionOut(BaseModel):
+    id: str
+    user: str
+    expires_at: datetime
+
+
+@app.post("/sessions", status_code=201)
+async def create_session(body: NewSession, request: Request) -> SessionOut:
+    engine: AsyncEngine = request.state.db
+    now = utcnow()
+    session_id, expires_at = secrets.token_urlsafe(16), now + timedelta(seconds=body.ttl_seconds)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sessions.insert().values(
+                id=session_id, user=body.user, created_at=now, expires_at=expires_at
+            )
+        )
+    return SessionOut(id=session_id, user=body.user, expires_at=_aware(expires_at))
+
+
+@app.get("/sessions")
+async def list_sessions(request: Request) -> list[SessionOut]:
+    engine: AsyncEngine = request.state.db
+    async with engine.connect() as conn:
+        query = select(sessions).order_by(sessions.c.created_at)
+        rows = (await conn.execute(query)).mappings().all()
+    return [
+        SessionOut(id=r["id"], user=r["user"], expires_at=_aware(r["expires_at"])) for r in rows
+    ]
+
+
+def _aware(naive_utc: datetime) -> datetime:
+    return naive_utc.replace(tzinfo=UTC)

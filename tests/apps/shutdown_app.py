@@ -1,0 +1,57 @@
+"""An app for the real-uvicorn shutdown tests.
+
+Every job run writes rows to a SQLite file (JOBS_TEST_DB): ("slow", "start"),
+("slow", "end"), ("ticker", "start"), and ("app", "shutdown") the moment the
+lifespan starts shutting down, before the scheduler drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+
+from fastapi_jobs import Scheduler
+
+DB = os.environ["JOBS_TEST_DB"]
+RUN_SECONDS = float(os.environ.get("SLOW_RUN_SECONDS", "2"))
+
+
+def record(job: str, event: str) -> None:
+    with sqlite3.connect(DB, timeout=10) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS events (job TEXT, event TEXT, at REAL)")
+        conn.execute("INSERT INTO events VALUES (?, ?, ?)", (job, event, time.time()))
+
+
+logging.basicConfig(level=logging.INFO)
+scheduler = Scheduler(shutdown_timeout=float(os.environ.get("SHUTDOWN_TIMEOUT", "30")))
+
+
+@scheduler.every(minutes=1, run_on_startup=True)
+async def slow() -> None:
+    await anyio.to_thread.run_sync(record, "slow", "start")
+    await anyio.sleep(RUN_SECONDS)
+    await anyio.to_thread.run_sync(record, "slow", "end")
+
+
+@scheduler.every(seconds=0.05)
+def ticker() -> None:
+    record("ticker", "start")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
+    async with scheduler.lifespan(app) as state:
+        yield state
+        record("app", "shutdown")
+
+
+app = FastAPI(lifespan=lifespan)
+app.include_router(scheduler.router)

@@ -1,0 +1,95 @@
+"""The example app, on a real SQLite file: its jobs do what they say."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from example_app import main
+
+from .conftest import serve
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "example.sqlite3"
+    monkeypatch.setattr(main, "DATABASE_URL", f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+async def test_expire_sessions_deletes_only_expired_sessions(database: Path) -> None:
+    """Sessions made over HTTP and one already expired: the job deletes only that one."""
+    async with serve(main.app) as client:
+        new = await client.post("/sessions", json={"user": "bea", "ttl_seconds": 3600})
+        assert new.status_code == 201
+        engine = create_async_engine(main.DATABASE_URL)
+        async with engine.begin() as conn:
+            past = main.utcnow() - timedelta(minutes=5)
+            await conn.execute(
+                main.sessions.insert().values(id="x", user="ana", created_at=past, expires_at=past)
+            )
+        await engine.dispose()
+        assert len((await client.get("/sessions")).json()) == 2
+        result = await main.scheduler.run_now("expire_sessions")
+        assert result.ok, result.error
+        users = [s["user"] for s in (await client.get("/sessions")).json()]
+    assert users == ["bea"]
+
+
+async def test_digest_writes_a_row_and_refresh_rates_fails_now_and_then(database: Path) -> None:
+    """The digest records the active sessions; the flaky job shows a failure on /jobs."""
+    async with serve(main.app) as client:
+        await client.post("/sessions", json={"user": "ana"})
+        assert (await main.scheduler.run_now("send_digest")).ok
+        outcomes = [(await main.scheduler.run_now("refresh_rates")).outcome for _ in range(3)]
+        status = (await client.get("/jobs/refresh_rates")).json()
+        digest = await main.scheduler.run_now("send_digest")
+    assert digest.ok
+    assert "failed" in outcomes
+    assert status["last_error"]["type"] == "ConnectionError"
+    assert status["failures"] >= 1
+    engine = create_async_engine(main.DATABASE_URL)
+    async with engine.connect() as conn:
+        counts = (await conn.execute(select(main.digests.c.active_sessions))).scalars().all()
+    await engine.dispose()
+    assert counts == [1, 1]
+
+
+def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
+    """`python -m example_app` serves the app, jobs at /jobs."""
+    port = "8765"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "example_app"],
+        cwd=tmp_path,  # the default SQLite file lands in the working directory
+        env={**os.environ, "PORT": port, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs", timeout=2) as r:
+                    jobs = json.load(r)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert [j["name"] for j in jobs] == ["expire_sessions", "send_digest", "refresh_rates"]
+    assert (tmp_path / "example_app.sqlite3").exists()
