@@ -4,29 +4,44 @@ from __future__ import annotations
 
 from ._clock import Clock, LoopClock, SystemClock
 from ._context import JobContext
-from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError, JobRunningError
+from ._errors import (
+    ConfigurationError,
+    FastAPIJobsError,
+    JobNotFoundError,
+    JobRunningError,
+    LeaseLostError,
+    StoreError,
+)
 from ._job import Job
 from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron, Every, Schedule
-from ._status import ErrorInfo, JobStatus, Outcome
+from ._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, JobStatus, Outcome
+from ._store import Instance, Store
 
 __all__ = [
     "Clock",
+    "ClusterJobStatus",
+    "ClusterView",
     "ConfigurationError",
     "Cron",
     "ErrorInfo",
     "Every",
     "FastAPIJobsError",
+    "Instance",
+    "InstanceStatus",
     "Job",
     "JobContext",
     "JobNotFoundError",
     "JobRunningError",
     "JobStatus",
+    "LeaseLostError",
     "LoopClock",
     "Outcome",
     "RunResult",
     "Schedule",
     "Scheduler",
+    "Store",
+    "StoreError",
     "SystemClock",
 ]

@@ -5,7 +5,9 @@ The hierarchy::
     FastAPIJobsError
     ├── ConfigurationError      bad declaration: caught when the job is declared
     ├── JobNotFoundError        a job name the scheduler does not know
-    └── JobRunningError         asked to run a job that is already running
+    ├── JobRunningError         asked to run a job that is already running
+    ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
+    └── StoreError              the store cannot be used as configured
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ __all__ = [
     "FastAPIJobsError",
     "JobNotFoundError",
     "JobRunningError",
+    "LeaseLostError",
+    "StoreError",
 ]
 
 
@@ -41,3 +45,11 @@ class JobRunningError(FastAPIJobsError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"job {name!r} is running; wait for the run to finish and ask again")
+
+
+class LeaseLostError(FastAPIJobsError):
+    """Raised (and recorded) when a run's claim is no longer held by this instance."""
+
+
+class StoreError(FastAPIJobsError):
+    """Raised when a store cannot be used as configured (wrong database, missing table)."""

@@ -31,6 +31,10 @@ class Job:
     run_on_startup: bool
     takes_context: bool
     is_async: bool
+    every_instance: bool = False
+    """Run in every instance, unclaimed (for idempotent jobs)."""
+    catch_up: float | None = None
+    """After downtime, run the latest missed tick if at most this many seconds old."""
 
     @classmethod
     def build(
@@ -41,6 +45,8 @@ class Job:
         name: str | None,
         timeout: float | timedelta | None,
         run_on_startup: bool,
+        every_instance: bool = False,
+        catch_up: float | timedelta | None = None,
     ) -> Job:
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
@@ -63,17 +69,19 @@ class Job:
             name=name,
             func=func,
             schedule=schedule,
-            timeout=_timeout(name, timeout),
+            timeout=_seconds(name, "timeout", timeout),
             run_on_startup=bool(run_on_startup),
             takes_context=_takes_context(name, func),
             is_async=_is_async(func),
+            every_instance=bool(every_instance),
+            catch_up=_seconds(name, "catch_up", catch_up),
         )
 
 
-def _timeout(name: str, timeout: float | timedelta | None) -> float | None:
-    if timeout is None:
+def _seconds(name: str, option: str, value: float | timedelta | None) -> float | None:
+    if value is None:
         return None
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if (
         not isinstance(seconds, (int, float))
         or isinstance(seconds, bool)
@@ -81,8 +89,8 @@ def _timeout(name: str, timeout: float | timedelta | None) -> float | None:
         or seconds <= 0
     ):
         raise ConfigurationError(
-            f"job {name!r}: timeout={timeout!r} must be a positive number of seconds "
-            "or a timedelta (or None for no timeout)"
+            f"job {name!r}: {option}={value!r} must be a positive number of seconds "
+            "or a timedelta (or None)"
         )
     return float(seconds)
 

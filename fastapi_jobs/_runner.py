@@ -19,8 +19,10 @@ import anyio
 
 from ._clock import Clock
 from ._context import JobContext
+from ._errors import LeaseLostError
 from ._job import Job
 from ._status import JobStats, Outcome
+from ._store import Store
 
 __all__ = ["JobRunner", "RunResult"]
 
@@ -44,13 +46,28 @@ class RunResult:
 class JobRunner:
     """Runs one job: on its schedule (:meth:`loop`) or now (:meth:`run`)."""
 
-    __slots__ = ("_clock", "_in_loop_run", "_scope", "_stopping", "job", "logger", "stats")
+    __slots__ = (
+        "_clock",
+        "_in_loop_run",
+        "_lost",
+        "_scope",
+        "_stopping",
+        "job",
+        "logger",
+        "stats",
+        "store",
+    )
 
-    def __init__(self, job: Job, clock: Clock, logger: logging.Logger) -> None:
+    def __init__(
+        self, job: Job, clock: Clock, logger: logging.Logger, store: Store | None = None
+    ) -> None:
         self.job = job
         self.stats = JobStats()
         self.logger = logger.getChild(job.name)
+        self.store = None if job.every_instance else store
+        """Where ticks are claimed; None: every instance runs every tick."""
         self._clock = clock
+        self._lost: str | None = None
         self._scope: anyio.CancelScope | None = None
         self._stopping = False
         self._in_loop_run = False
@@ -66,12 +83,13 @@ class JobRunner:
                     return
                 now = clock.now()
                 tick = schedule.next_after(now)
-                if self.job.run_on_startup:
+                first = await self._first_tick(now)
+                if first is not None:
                     stats.next_run_at = tick
-                    await self._run_in_loop(now, state)
+                    await self._run_in_loop(first, state)
                     if self._stopping:
                         return
-                    tick = self._after_run(now, tick)
+                    tick = self._after_run(first, tick)
                 while True:
                     stats.next_run_at = tick
                     await clock.sleep_until(tick)
@@ -106,12 +124,146 @@ class JobRunner:
         self.stats.skip("overlap", dropped)
         return self.job.schedule.next_after(last)
 
+    async def _first_tick(self, now: float) -> float | None:
+        """The tick to run at once when the loop starts, if any."""
+        job = self.job
+        first = None if job.catch_up is None else await self._missed_tick(now, job.catch_up)
+        if first is None and job.run_on_startup:
+            # Claimed jobs run the current period's tick, so that instances
+            # starting together run it once between them.
+            first = now if self.store is None else job.schedule.last_at_or_before(now)
+        return first
+
+    async def _missed_tick(self, now: float, deadline: float) -> float | None:
+        """After downtime, the latest missed tick if it is within ``deadline``."""
+        assert self.store is not None
+        try:
+            with anyio.fail_after(self.store.timeout):
+                last = await self.store.last_tick(self.job.name)
+        except Exception as exc:  # noqa: BLE001 - fail closed: no catch-up without history
+            self.logger.warning(
+                "job %r: cannot read its last tick (%r); no catch-up run",
+                self.job.name,
+                exc,
+                extra={"job": self.job.name},
+            )
+            return None
+        if last is None:
+            return None  # first deploy: nothing was missed
+        missed, latest = self.job.schedule.ticks_between(last, now)
+        if not missed:
+            return None
+        if now - latest > deadline:
+            self.stats.skip("missed", missed)
+            return None
+        self.stats.skip("missed", missed - 1)
+        self.logger.info(
+            "job %r: %d tick(s) missed while down; catching up on the latest",
+            self.job.name,
+            missed,
+            extra={"job": self.job.name},
+        )
+        return latest
+
     async def _run_in_loop(self, tick: float, state: Mapping[str, Any]) -> None:
         self._in_loop_run = True
         try:
-            await self.run(tick, state)
+            if self.store is None:
+                await self.run(tick, state)
+            else:
+                await self._run_claimed(self.store, tick, state)
         finally:
             self._in_loop_run = False
+
+    # -- claims -----------------------------------------------------------
+
+    async def _run_claimed(self, store: Store, tick: float, state: Mapping[str, Any]) -> None:
+        """Claim the tick in the store; if ours, run it under a renewed lease."""
+        name, stats = self.job.name, self.stats
+        claimed_at = anyio.current_time()
+        try:
+            with anyio.fail_after(store.timeout):
+                fence = await store.claim(name, tick)
+        except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
+            stats.skip("store_unavailable")
+            self.logger.warning(
+                "job %r: store unreachable, tick skipped: %r", name, exc, extra={"job": name}
+            )
+            return
+        if fence is None:
+            stats.skip("claimed_elsewhere")
+            return
+        self._lost = None
+        try:
+            async with anyio.create_task_group() as tg:
+                run_scope = anyio.CancelScope()
+                tg.start_soon(self._keep_lease, store, fence, claimed_at, run_scope)
+                with run_scope:
+                    await self.run(tick, state, fence=fence)
+                tg.cancel_scope.cancel()
+        finally:
+            if self._lost is not None:
+                self._record_lost(self._lost)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._release(store, fence)
+
+    async def _keep_lease(
+        self, store: Store, fence: int, renewed_at: float, run_scope: anyio.CancelScope
+    ) -> None:
+        """Renew the lease every third of it; cancel the run once it is lost."""
+        lease, interval = store.lease, store.lease / 3
+        attempt_at = renewed_at + interval
+        while True:
+            await anyio.sleep(max(0.0, attempt_at - anyio.current_time()))
+            deadline = renewed_at + lease  # measured from before the last renewal: conservative
+            sent = anyio.current_time()
+            if sent >= deadline:
+                self._lost = "its lease ran out before it could be renewed"
+                break
+            try:
+                with anyio.fail_after(min(store.timeout, deadline - sent)):
+                    held = await store.renew(self.job.name, fence)
+            except Exception as exc:  # noqa: BLE001 - retried until the lease runs out
+                self.logger.warning(
+                    "job %r: lease renewal failed (%r), retrying", self.job.name, exc
+                )
+                attempt_at = min(anyio.current_time() + interval / 4, deadline)
+                continue
+            if not held:
+                self._lost = "another instance claimed the job"
+                break
+            renewed_at, attempt_at = sent, sent + interval
+        run_scope.cancel()
+
+    def _record_lost(self, reason: str) -> None:
+        stats, name = self.stats, self.job.name
+        stats.failures += 1
+        stats.last_outcome = "cancelled"
+        stats.last_error = LeaseLostError(f"lease lost: {reason}; the run was cancelled")
+        self.logger.error(
+            "job %r lost its lease (%s): run cancelled", name, reason, extra={"job": name}
+        )
+
+    async def _release(self, store: Store, fence: int) -> None:
+        stats = self.stats
+        error = stats.last_error if stats.last_outcome in ("failed", "timed_out") else None
+        try:
+            with anyio.fail_after(store.timeout):
+                await store.release(
+                    self.job.name,
+                    fence,
+                    stats.last_outcome or "cancelled",
+                    None if error is None else f"{type(error).__name__}: {error}",
+                    stats.last_duration or 0.0,
+                )
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+            self.logger.warning(
+                "job %r: could not release its claim (%r); it frees when the lease ends",
+                self.job.name,
+                exc,
+                extra={"job": self.job.name},
+            )
 
     def arm(self) -> None:
         """Make ready to loop again (a scheduler can be started more than once)."""
@@ -135,7 +287,14 @@ class JobRunner:
 
     # -- one run ----------------------------------------------------------
 
-    async def run(self, tick: float, state: Mapping[str, Any], *, manual: bool = False) -> Outcome:
+    async def run(
+        self,
+        tick: float,
+        state: Mapping[str, Any],
+        *,
+        manual: bool = False,
+        fence: int | None = None,
+    ) -> Outcome:
         """Run the job once, guarded: errors and timeouts are logged and
         recorded, never raised; cancellation from outside is recorded and
         re-raised."""
@@ -149,7 +308,7 @@ class JobRunner:
         try:
             args: tuple[JobContext, ...] = ()
             if job.takes_context:
-                args = (self._context(tick, state, manual),)
+                args = (self._context(tick, state, manual, fence),)
             if job.timeout is None:
                 await self._call(args)
                 outcome = "ok"
@@ -181,12 +340,15 @@ class JobRunner:
             # wait is abandoned and the thread finishes in the background.
             await anyio.to_thread.run_sync(self.job.func, *args, abandon_on_cancel=True)
 
-    def _context(self, tick: float, state: Mapping[str, Any], manual: bool) -> JobContext:
+    def _context(
+        self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
+    ) -> JobContext:
         return JobContext(
             name=self.job.name,
             tick=datetime.fromtimestamp(tick, UTC),
             state=state,
             logger=self.logger,
+            fence=fence,
             manual=manual,
         )
 

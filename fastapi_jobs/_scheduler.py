@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -15,7 +18,8 @@ from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
 from ._job import Job
 from ._runner import JobRunner, RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import JobStatus
+from ._status import ClusterView, JobStatus
+from ._store import Instance, Store
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -50,6 +54,10 @@ class Scheduler:
         shutdown_timeout: on shutdown, how long to wait for runs in flight
             (seconds or a timedelta) before cancelling them; None waits for
             as long as they take.
+        store: where ticks are claimed when several instances run (see
+            ``fastapi_jobs.stores.SQLAlchemyStore``): each tick of each job
+            then runs on one instance only. Without one, nothing touches a
+            database and every instance runs every job.
         clock: where time comes from; tests pass a :class:`LoopClock`.
     """
 
@@ -59,6 +67,7 @@ class Scheduler:
         lifespan: AppLifespan | None = None,
         logger: logging.Logger | None = None,
         shutdown_timeout: float | timedelta | None = 20.0,
+        store: Store | None = None,
         clock: Clock | None = None,
     ) -> None:
         if isinstance(shutdown_timeout, timedelta):
@@ -70,6 +79,8 @@ class Scheduler:
         self.logger = logger or logging.getLogger("fastapi_jobs")
         self.shutdown_timeout = shutdown_timeout
         self.clock: Clock = clock or SystemClock()
+        self.store = store
+        self.instance = Instance()
         self._app_lifespan = lifespan
         self._runners: dict[str, JobRunner] = {}
         self._state: Mapping[str, Any] | None = None
@@ -85,12 +96,18 @@ class Scheduler:
         name: str | None = None,
         timeout: float | timedelta | None = None,
         run_on_startup: bool = False,
+        every_instance: bool = False,
+        catch_up: float | timedelta | None = None,
     ) -> Job:
         """Register ``func`` to run on ``schedule``; the decorators call this.
 
         ``timeout`` cancels a run that takes longer (recorded as
         ``timed_out``); ``run_on_startup`` also runs the job once when the
-        scheduler starts.
+        scheduler starts (with a store: the current period's tick, once
+        across instances). With a store, ``every_instance=True`` opts an
+        idempotent job out of claims (it runs in every instance), and
+        ``catch_up`` runs the latest tick missed during downtime once, if it
+        is at most that old (default: missed ticks are skipped).
         """
         if self._state is not None:
             raise ConfigurationError(
@@ -114,6 +131,8 @@ class Scheduler:
         name: str | None = None,
         timeout: float | timedelta | None = None,
         run_on_startup: bool = False,
+        every_instance: bool = False,
+        catch_up: float | timedelta | None = None,
     ) -> Callable[[F], F]:
         """Decorate a job that runs at a fixed interval (see :class:`Every`).
 
@@ -122,7 +141,14 @@ class Scheduler:
         every process and after every restart.
         """
         schedule = Every(days=days, hours=hours, minutes=minutes, seconds=seconds, offset=offset)
-        return self._decorator(schedule, name, timeout, run_on_startup)
+        return self._decorator(
+            schedule,
+            name=name,
+            timeout=timeout,
+            run_on_startup=run_on_startup,
+            every_instance=every_instance,
+            catch_up=catch_up,
+        )
 
     def cron(
         self,
@@ -132,19 +158,22 @@ class Scheduler:
         name: str | None = None,
         timeout: float | timedelta | None = None,
         run_on_startup: bool = False,
+        every_instance: bool = False,
+        catch_up: float | timedelta | None = None,
     ) -> Callable[[F], F]:
         """Decorate a job that runs on a cron expression in ``tz`` (see :class:`Cron`)."""
-        return self._decorator(Cron(expr, tz=tz), name, timeout, run_on_startup)
+        return self._decorator(
+            Cron(expr, tz=tz),
+            name=name,
+            timeout=timeout,
+            run_on_startup=run_on_startup,
+            every_instance=every_instance,
+            catch_up=catch_up,
+        )
 
-    def _decorator(
-        self,
-        schedule: Schedule,
-        name: str | None,
-        timeout: float | timedelta | None,
-        run_on_startup: bool,
-    ) -> Callable[[F], F]:
+    def _decorator(self, schedule: Schedule, **options: Any) -> Callable[[F], F]:
         def register(func: F) -> F:
-            self.add_job(func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup)
+            self.add_job(func, schedule, **options)
             return func  # unchanged, so tests can call it directly
 
         return register
@@ -195,8 +224,15 @@ class Scheduler:
 
         if not runners:
             stopped.set()
+        store = self.store
+        self._warn_if_unclaimed_in_several_processes()
         try:
+            if store is not None:
+                await store.open(self._state, self.instance)
             async with anyio.create_task_group() as tg:
+                beating = anyio.CancelScope()
+                if store is not None:
+                    tg.start_soon(self._beat, store, beating)
                 for runner in runners:
                     runner.arm()
                     tg.start_soon(runner.loop, self._state, on_exit)
@@ -204,9 +240,37 @@ class Scheduler:
                     yield
                 finally:
                     with anyio.CancelScope(shield=True):
+                        beating.cancel()
                         await self._drain(runners, stopped)
         finally:
             self._state = None
+            if store is not None:
+                with anyio.CancelScope(shield=True):
+                    await store.close()
+
+    async def _beat(self, store: Store, scope: anyio.CancelScope) -> None:
+        """Keep this instance's row fresh, so the status page lists it."""
+        with scope:
+            while True:
+                try:
+                    with anyio.fail_after(store.timeout):
+                        await store.beat()
+                except Exception as exc:  # noqa: BLE001 - the next beat retries
+                    self.logger.warning("instance heartbeat failed: %r", exc)
+                await anyio.sleep(store.heartbeat)
+
+    def _warn_if_unclaimed_in_several_processes(self) -> None:
+        unclaimed = [
+            n for n, r in self._runners.items() if r.store is None and not r.job.every_instance
+        ]
+        if unclaimed and _several_processes():
+            self.logger.warning(
+                "this app runs in several processes and has no store: every process "
+                "runs these jobs on every tick: %s. Pass Scheduler(store=SQLAlchemyStore(...)) "
+                "to run each tick once, or every_instance=True for jobs that may run "
+                "everywhere.",
+                ", ".join(unclaimed),
+            )
 
     async def _drain(self, runners: list[JobRunner], stopped: anyio.Event) -> None:
         for runner in runners:
@@ -257,12 +321,34 @@ class Scheduler:
     # -- status -----------------------------------------------------------
 
     def status(self) -> list[JobStatus]:
-        """A snapshot of every job's status, in declaration order."""
+        """A snapshot of every job's status in this process, in declaration order."""
         return [self._snapshot(r) for r in self._runners.values()]
 
     def job_status(self, name: str) -> JobStatus:
         """A snapshot of one job's status; :class:`JobNotFoundError` if unknown."""
         return self._snapshot(self._runner(name))
+
+    async def cluster(self) -> ClusterView | None:
+        """With a store: every job's last run across instances, and the instances
+        seen recently. None without a store, or when the store is unreachable."""
+        if self.store is None or self._state is None:
+            return None
+        try:
+            with anyio.fail_after(self.store.timeout):
+                return await self.store.read()
+        except Exception as exc:  # noqa: BLE001 - a status page must not fail
+            self.logger.warning("cannot read the store for the status page: %r", exc)
+            return None
+
+    async def cluster_status(self) -> list[JobStatus]:
+        """:meth:`status`, with each claimed job's cluster-wide last run filled in."""
+        statuses = self.status()
+        view = await self.cluster()
+        if view is not None:
+            for status in statuses:
+                if status.claims:
+                    status.cluster = view.jobs.get(status.name)
+        return statuses
 
     @property
     def router(self) -> APIRouter:
@@ -278,10 +364,25 @@ class Scheduler:
         return self._router
 
     def _snapshot(self, runner: JobRunner) -> JobStatus:
-        return runner.stats.snapshot(runner.job.name, runner.job.schedule.describe())
+        return runner.stats.snapshot(
+            runner.job.name, runner.job.schedule.describe(), claims=runner.store is not None
+        )
 
     def _runner(self, name: str) -> JobRunner:
         try:
             return self._runners[name]
         except KeyError:
             raise JobNotFoundError(name, list(self._runners)) from None
+
+
+def _several_processes() -> bool:
+    """Whether this app runs, or is told it will run, in several worker processes."""
+    try:
+        if int(os.environ.get("WEB_CONCURRENCY", "1")) > 1:
+            return True
+    except ValueError:
+        pass
+    if "gunicorn" in os.environ.get("SERVER_SOFTWARE", "") or "gunicorn" in sys.argv[0]:
+        return True
+    # uvicorn --workers N runs each worker as a multiprocessing child.
+    return multiprocessing.parent_process() is not None and "uvicorn" in " ".join(sys.argv)

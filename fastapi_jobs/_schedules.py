@@ -45,6 +45,12 @@ class Schedule(abc.ABC):
     def describe(self) -> str:
         """A short human-readable description, shown on the status page."""
 
+    def last_at_or_before(self, ts: float) -> float:
+        """The latest tick at or before ``ts``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot look backwards: implement last_at_or_before()"
+        )
+
     def ticks_between(self, after: float, until: float) -> tuple[int, float]:
         """Count the ticks ``t`` with ``after < t <= until``; return it and the last.
 
@@ -130,6 +136,10 @@ class Every(Schedule):
         k = (_us(ts) - off) // period + 1
         return (off + k * period) / _US
 
+    def last_at_or_before(self, ts: float) -> float:
+        off, period = self._offset_us, self._period_us
+        return (off + (_us(ts) - off) // period * period) / _US
+
     def ticks_between(self, after: float, until: float) -> tuple[int, float]:
         off, period = self._offset_us, self._period_us
         ka = (_us(after) - off) // period
@@ -185,11 +195,14 @@ class Cron(Schedule):
     def next_after(self, ts: float) -> float:
         return next(CronSim(self.expr, datetime.fromtimestamp(ts, self.tz))).timestamp()
 
-    def _latest_at_or_before(self, until: float, known: float) -> float:
+    def last_at_or_before(self, ts: float) -> float:
         # Cron ticks are whole seconds; a start with microseconds makes cronsim's
         # reverse iteration consider the whole second itself first.
-        start = datetime.fromtimestamp(math.floor(until), self.tz).replace(microsecond=1)
-        return max(known, next(CronSim(self.expr, start, reverse=True)).timestamp())
+        start = datetime.fromtimestamp(math.floor(ts), self.tz).replace(microsecond=1)
+        return next(CronSim(self.expr, start, reverse=True)).timestamp()
+
+    def _latest_at_or_before(self, until: float, known: float) -> float:
+        return max(known, self.last_at_or_before(until))
 
     def describe(self) -> str:
         return f"cron '{self.expr}' {self.tz} ({self._explained})"

@@ -11,15 +11,26 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ErrorInfo", "JobStats", "JobStatus", "Outcome", "SkipReason"]
+__all__ = [
+    "ClusterJobStatus",
+    "ClusterView",
+    "ErrorInfo",
+    "InstanceStatus",
+    "JobStats",
+    "JobStatus",
+    "Outcome",
+    "SkipReason",
+]
 
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
 
-SkipReason = Literal["overlap", "missed"]
-"""Why a tick did not run: ``overlap``, the previous run was still going;
-``missed``, the loop woke too late (blocked loop, machine asleep) and only
-the latest due tick ran."""
+SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable"]
+"""Why a tick did not run here: ``overlap``, the previous run was still going;
+``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
+only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
+the tick (or still holds the previous one); ``store_unavailable``, the store
+could not be reached, so the tick was skipped (fail closed)."""
 
 
 class ErrorInfo(BaseModel):
@@ -27,6 +38,39 @@ class ErrorInfo(BaseModel):
 
     type: str = Field(description="The exception's class name, e.g. 'ValueError'.")
     message: str = Field(description="str() of the exception.")
+
+
+class ClusterJobStatus(BaseModel):
+    """A job's last claimed run across every instance sharing the store."""
+
+    last_tick: datetime | None = Field(description="The latest tick claimed by any instance.")
+    fence: int = Field(description="Grows by one with each claim of this job.")
+    last_started_at: datetime | None
+    last_finished_at: datetime | None
+    last_duration_s: float | None
+    last_outcome: Outcome | None
+    last_error: str | None = Field(description="'Type: message' of the last run, if it failed.")
+    last_instance: str = Field(description="The instance that claimed the last tick.")
+    running_on: str | None = Field(
+        description="The instance holding a live lease on this job now, if any."
+    )
+
+
+class InstanceStatus(BaseModel):
+    """An app instance (process) that shares the store."""
+
+    id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    seen_at: datetime = Field(description="Its last heartbeat, on the database's clock.")
+
+
+class ClusterView(BaseModel):
+    """What a store knows: each job's last claimed run, and the live instances."""
+
+    jobs: dict[str, ClusterJobStatus]
+    instances: list[InstanceStatus]
 
 
 class JobStatus(BaseModel):
@@ -49,6 +93,13 @@ class JobStatus(BaseModel):
     failures: int = Field(description="Runs that failed or timed out.")
     skipped_ticks: int = Field(description="Ticks that did not run, all reasons.")
     skipped: dict[str, int] = Field(description="Skipped ticks by reason.")
+    claims: bool = Field(
+        description="Ticks are claimed in the store, so each runs on one instance only."
+    )
+    cluster: ClusterJobStatus | None = Field(
+        default=None,
+        description="With a store: the last run of this job across all instances.",
+    )
 
 
 def _utc(ts: float | None) -> datetime | None:
@@ -86,7 +137,7 @@ class JobStats:
     def skip(self, reason: SkipReason, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
-    def snapshot(self, name: str, schedule: str) -> JobStatus:
+    def snapshot(self, name: str, schedule: str, claims: bool) -> JobStatus:
         error = self.last_error
         return JobStatus(
             name=name,
@@ -104,4 +155,5 @@ class JobStats:
             failures=self.failures,
             skipped_ticks=sum(self.skipped.values()),
             skipped=dict(self.skipped),
+            claims=claims,
         )

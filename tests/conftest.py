@@ -3,15 +3,20 @@ async fixtures: a task group must be entered and left by the same task."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
+import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from fastapi_jobs import LoopClock, Scheduler
+
+from .postgres import PostgresServer
 
 # A Monday, midnight UTC: virtual time in the tests starts here.
 START = datetime(2026, 3, 2, tzinfo=UTC)
@@ -30,3 +35,33 @@ async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session. Skips locally where none can be
+    started; in CI (CI=true) that is a failure, never a skip."""
+    try:
+        server = PostgresServer()
+        server.start()
+    except Exception as exc:  # noqa: BLE001 - reported as the skip/failure reason
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests, but no server could start: {exc}")
+        pytest.skip(f"no PostgreSQL server could be started here: {exc}")
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+BACKENDS = ["sqlite", "asyncpg", "psycopg"]
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database on each backend: a SQLite file, or a new
+    PostgreSQL database reached through asyncpg or psycopg."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.url(server.create_database(), driver=request.param)

@@ -10,21 +10,28 @@ def test_exported_members() -> None:
     assert fastapi_jobs.__all__ == sorted(fastapi_jobs.__all__)
     assert set(fastapi_jobs.__all__) == {
         "Clock",
+        "ClusterJobStatus",
+        "ClusterView",
         "ConfigurationError",
         "Cron",
         "ErrorInfo",
         "Every",
         "FastAPIJobsError",
+        "Instance",
+        "InstanceStatus",
         "Job",
         "JobContext",
         "JobNotFoundError",
         "JobRunningError",
         "JobStatus",
+        "LeaseLostError",
         "LoopClock",
         "Outcome",
         "RunResult",
         "Schedule",
         "Scheduler",
+        "Store",
+        "StoreError",
         "SystemClock",
     }
     for name in fastapi_jobs.__all__:
@@ -32,3 +39,10 @@ def test_exported_members() -> None:
         if name == "Outcome":  # a Literal alias: it has no module of its own
             continue
         assert member.__module__.startswith("fastapi_jobs._"), name
+
+
+def test_stores_module_exports() -> None:
+    """fastapi_jobs.stores is a public module of its own, imported only when used."""
+    import fastapi_jobs.stores
+
+    assert fastapi_jobs.stores.__all__ == ["SQLAlchemyStore"]

@@ -24,6 +24,8 @@ FIELDS = {
     "failures",
     "skipped_ticks",
     "skipped",
+    "claims",
+    "cluster",
 }
 
 

@@ -1,0 +1,69 @@
+"""What the scheduler needs of a store: claims per (job, tick), leases, history.
+
+The scheduler only talks to this protocol; `fastapi_jobs.stores` has the
+implementation on SQLAlchemy (PostgreSQL, SQLite).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ._status import ClusterView, Outcome
+
+__all__ = ["Instance", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """This process, as the store knows it."""
+
+    hostname: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            # Host and pid for people; a random suffix because pids are reused.
+            object.__setattr__(self, "id", f"{self.hostname}:{self.pid}:{secrets.token_hex(3)}")
+
+
+class Store(Protocol):
+    """Claims and run history shared by every instance of the app."""
+
+    lease: float
+    """Seconds a claim is held without renewal before a peer may take over."""
+    timeout: float
+    """Seconds any one store operation may take before it counts as failed."""
+    heartbeat: float
+    """Seconds between two beats of this instance's row."""
+
+    async def open(self, state: Mapping[str, Any], instance: Instance) -> None:
+        """Get ready for this instance; must not fail when the database is down."""
+
+    async def close(self) -> None:
+        """Forget this instance (graceful stop) and free what open() took."""
+
+    async def claim(self, job: str, tick: float) -> int | None:
+        """Claim ``tick`` of ``job``: the new fence, or None if another has it."""
+
+    async def renew(self, job: str, fence: int) -> bool:
+        """Extend the lease of the claim ``fence``; False if it is not ours any more."""
+
+    async def release(
+        self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
+    ) -> None:
+        """Record how the run of claim ``fence`` ended and free the lease."""
+
+    async def last_tick(self, job: str) -> float | None:
+        """The last tick claimed for ``job`` by any instance, if any."""
+
+    async def beat(self) -> None:
+        """Tell the store this instance is alive."""
+
+    async def read(self) -> ClusterView:
+        """The cluster-wide view for the status page."""

@@ -1,0 +1,199 @@
+"""SQLAlchemyStore against real databases: SQLite files and PostgreSQL (asyncpg, psycopg)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fastapi_jobs import ConfigurationError, JobContext, LeaseLostError, StoreError
+from fastapi_jobs import Instance
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import START
+
+
+@asynccontextmanager
+async def opened(
+    url: str, engine: AsyncEngine | None = None, **options: object
+) -> AsyncIterator[tuple[SQLAlchemyStore, AsyncEngine]]:
+    engine = engine or create_async_engine(url)
+    store = SQLAlchemyStore(engine, **options)  # type: ignore[arg-type]
+    await store.open({}, Instance())
+    try:
+        yield store, engine
+    finally:
+        await store.close()
+        await engine.dispose()
+
+
+async def test_first_claim_of_a_tick_wins_with_fence_1(database_url: str) -> None:
+    """A new job's first claim creates its row and returns fence 1."""
+    async with opened(database_url) as (store, _):
+        assert await store.claim("digest", 100.0) == 1
+        assert await store.last_tick("digest") == 100.0
+
+
+async def test_a_tick_is_claimed_once(database_url: str) -> None:
+    """Claiming the same tick again fails, even after the first claim was released."""
+    async with opened(database_url) as (store, _):
+        fence = await store.claim("digest", 100.0)
+        assert fence == 1
+        await store.release("digest", fence, "ok", None, 0.1)
+        assert await store.claim("digest", 100.0) is None
+        assert await store.claim("digest", 99.0) is None  # older ticks never run
+
+
+async def test_a_newer_tick_waits_for_the_lease(database_url: str) -> None:
+    """While a run holds its lease, the next tick is not claimed (no overlap across instances)."""
+    async with opened(database_url) as (a, engine):
+        peer = SQLAlchemyStore(engine)
+        await peer.open({}, Instance())
+        assert await a.claim("digest", 100.0) == 1
+        assert await peer.claim("digest", 200.0) is None
+        await a.release("digest", 1, "ok", None, 1.0)
+        assert await peer.claim("digest", 200.0) == 2
+
+
+async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_url: str) -> None:
+    """A holder that stops renewing loses the job after its lease; its renewals then fail."""
+    async with opened(database_url, lease=0.3, timeout=0.05) as (holder, engine):
+        peer = SQLAlchemyStore(engine, lease=0.3, timeout=0.05)
+        await peer.open({}, Instance())
+        assert await holder.claim("digest", 100.0) == 1
+        assert await holder.renew("digest", 1)
+        await anyio.sleep(0.4)  # the lease (on the database's clock) runs out
+        assert await peer.claim("digest", 200.0) == 2
+        assert not await holder.renew("digest", 1)
+        await holder.release("digest", 1, "ok", None, 1.0)  # a stale release changes nothing
+        view = await peer.read()
+        assert view.jobs["digest"].fence == 2
+        assert view.jobs["digest"].running_on == peer._owner
+        assert view.jobs["digest"].last_outcome is None
+
+
+async def test_release_records_the_outcome_cluster_wide(database_url: str) -> None:
+    """A released run shows its outcome, error, duration and instance to every peer."""
+    async with opened(database_url) as (store, _):
+        await store.beat()
+        fence = await store.claim("digest", START.timestamp())
+        assert fence == 1
+        await store.release("digest", fence, "failed", "ConnectionError: smtp", 2.5)
+        view = await store.read()
+    job = view.jobs["digest"]
+    assert job.last_tick == START
+    assert job.last_outcome == "failed"
+    assert job.last_error == "ConnectionError: smtp"
+    assert job.last_duration_s == pytest.approx(2.5)
+    assert job.running_on is None
+    assert job.last_instance == store._owner
+    assert job.last_finished_at is not None and job.last_started_at is not None
+    assert job.last_finished_at >= job.last_started_at
+    [me] = view.instances
+    assert me.id == store._owner
+
+
+async def test_close_removes_the_instance_row(database_url: str) -> None:
+    """A graceful stop takes this instance off the list at once."""
+    engine = create_async_engine(database_url)
+    store, watcher = SQLAlchemyStore(engine), SQLAlchemyStore(engine)
+    await store.open({}, Instance())
+    await watcher.open({}, Instance())
+    await store.beat()
+    assert [i.id for i in (await watcher.read()).instances] == [store._owner]
+    await store.close()
+    assert (await watcher.read()).instances == []
+    await engine.dispose()
+
+
+async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
+    database_url: str,
+) -> None:
+    """Only the store's two tables are created; a user table of a similar name is left alone."""
+    engine = create_async_engine(database_url)
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("CREATE TABLE claims (job TEXT, note TEXT)"))
+        await conn.execute(sa.text("INSERT INTO claims VALUES ('mine', 'keep me')"))
+    async with opened(database_url, engine=engine) as (store, _):
+        assert await store.claim("digest", 1.0) == 1
+        async with engine.connect() as conn:
+            names = await conn.run_sync(lambda c: sorted(sa.inspect(c).get_table_names()))
+            rows = (await conn.execute(sa.text("SELECT job, note FROM claims"))).all()
+    assert names == ["claims", "fastapi_jobs_claims", "fastapi_jobs_instances"]
+    assert [tuple(r) for r in rows] == [("mine", "keep me")]
+
+
+async def test_missing_table_without_create_tables_says_how_to_create_it(database_url: str) -> None:
+    """create_tables=False and no table: a clear error naming the DDL."""
+    async with opened(database_url, create_tables=False) as (store, _):
+        with pytest.raises(StoreError, match=r"fastapi_jobs_claims.*SQLAlchemyStore\.ddl\(\)"):
+            await store.claim("digest", 1.0)
+
+
+async def test_shipped_ddl_creates_working_tables(database_url: str) -> None:
+    """The DDL from ddl() is what the store needs."""
+    engine = create_async_engine(database_url)
+    dialect = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    async with engine.begin() as conn:
+        for statement in SQLAlchemyStore.ddl(dialect).split(";"):
+            if statement.strip():
+                await conn.execute(sa.text(statement))
+    async with opened(database_url, engine=engine, create_tables=False) as (store, _):
+        assert await store.claim("digest", 1.0) == 1
+
+
+async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -> None:
+    """A job guarding its write with store.fenced(ctx) cannot write once a newer run claimed."""
+    async with opened(database_url, lease=0.3, timeout=0.05) as (store, engine):
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE ledger (id INTEGER PRIMARY KEY, note TEXT)"))
+            await conn.execute(sa.text("INSERT INTO ledger VALUES (1, 'initial')"))
+        ledger = sa.table("ledger", sa.column("id"), sa.column("note"))
+        old = JobContext("digest", START, {}, store_logger(), fence=await store.claim("digest", 1.0))
+        await anyio.sleep(0.4)
+        new = JobContext("digest", START, {}, store_logger(), fence=await store.claim("digest", 2.0))
+        assert (old.fence, new.fence) == (1, 2)
+
+        async def write(ctx: JobContext, note: str) -> int:
+            async with engine.begin() as conn:
+                result = await conn.execute(
+                    sa.update(ledger).where(ledger.c.id == 1, store.fenced(ctx)).values(note=note)
+                )
+            return result.rowcount
+
+        assert await write(old, "stale") == 0
+        assert await write(new, "fresh") == 1
+        with pytest.raises(LeaseLostError, match="no fence"):
+            store.fenced(JobContext("digest", START, {}, store_logger()))
+
+
+def store_logger() -> logging.Logger:
+    return logging.getLogger("test")
+
+
+def test_bad_store_options_fail_at_declaration() -> None:
+    """Options are checked when the store is made."""
+    with pytest.raises(ConfigurationError, match="AsyncEngine, a database URL, or a callable"):
+        SQLAlchemyStore(42)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="lease"):
+        SQLAlchemyStore("sqlite+aiosqlite://", lease=0)
+    with pytest.raises(ConfigurationError, match="shorter than a third of the lease"):
+        SQLAlchemyStore("sqlite+aiosqlite://", lease=3, timeout=2)
+
+
+async def test_engine_callable_must_return_an_engine() -> None:
+    """A callable that picks something else out of the state fails clearly at start."""
+    store = SQLAlchemyStore(lambda state: state["db"])
+    with pytest.raises(StoreError, match="not an AsyncEngine"):
+        await store.open({"db": "postgresql://not-an-engine"}, Instance())
+
+
+def test_ddl_for_an_unknown_dialect_is_refused() -> None:
+    """ddl() knows the two supported databases only."""
+    with pytest.raises(ConfigurationError, match="'postgresql' or 'sqlite'"):
+        SQLAlchemyStore.ddl("mysql")
