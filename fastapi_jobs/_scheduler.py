@@ -114,10 +114,28 @@ class Scheduler:
                 f"cannot add job {name or getattr(func, '__name__', func)!r}: the "
                 "scheduler is already running; declare jobs before the app starts"
             )
-        job = Job.build(func, schedule, name=name, timeout=timeout, run_on_startup=run_on_startup)
+        job = Job.build(
+            func,
+            schedule,
+            name=name,
+            timeout=timeout,
+            run_on_startup=run_on_startup,
+            every_instance=every_instance,
+            catch_up=catch_up,
+        )
         if job.name in self._runners:
             raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
-        self._runners[job.name] = JobRunner(job, self.clock, self.logger)
+        if job.name == "instances":
+            raise ConfigurationError(
+                "the job name 'instances' is taken by GET /jobs/instances: choose another name="
+            )
+        if job.catch_up is not None and (self.store is None or job.every_instance):
+            raise ConfigurationError(
+                f"job {job.name!r}: catch_up= needs the store to remember the last tick "
+                "across restarts: pass Scheduler(store=...), and do not combine it "
+                "with every_instance=True"
+            )
+        self._runners[job.name] = JobRunner(job, self.clock, self.logger, self.store)
         return job
 
     def every(

@@ -15,7 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-BIN_DIRS = ["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"]
+BIN_DIRS = [
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/17/bin",
+]
 
 
 def find_bin() -> Path | None:
@@ -62,7 +66,17 @@ class PostgresServer:
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
             "-c max_connections=300"
         )
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")

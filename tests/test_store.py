@@ -154,9 +154,13 @@ async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -
             await conn.execute(sa.text("CREATE TABLE ledger (id INTEGER PRIMARY KEY, note TEXT)"))
             await conn.execute(sa.text("INSERT INTO ledger VALUES (1, 'initial')"))
         ledger = sa.table("ledger", sa.column("id"), sa.column("note"))
-        old = JobContext("digest", START, {}, store_logger(), fence=await store.claim("digest", 1.0))
+        old = JobContext(
+            "digest", START, {}, store_logger(), fence=await store.claim("digest", 1.0)
+        )
         await anyio.sleep(0.4)
-        new = JobContext("digest", START, {}, store_logger(), fence=await store.claim("digest", 2.0))
+        new = JobContext(
+            "digest", START, {}, store_logger(), fence=await store.claim("digest", 2.0)
+        )
         assert (old.fence, new.fence) == (1, 2)
 
         async def write(ctx: JobContext, note: str) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -139,6 +140,7 @@ class SQLAlchemyStore:
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
         self._ready = False
+        self._ensure_lock = anyio.Lock()
         self._statements: dict[str, Any] = {}
 
     # -- life -------------------------------------------------------------
@@ -344,12 +346,15 @@ class SQLAlchemyStore:
                 f"table(s) {', '.join(missing)} do not exist: create them with the DDL "
                 "from SQLAlchemyStore.ddl(), or pass create_tables=True"
             )
-        try:
-            await conn.run_sync(self.metadata.create_all, checkfirst=True)
-        except sa.exc.DatabaseError:
-            # Another instance created them at the same moment.
-            if await conn.run_sync(check):
-                raise
+        for attempt in range(3):
+            try:
+                await conn.run_sync(self.metadata.create_all, checkfirst=True)
+                break
+            except sa.exc.DatabaseError:
+                # Another instance was creating them at the same moment: look again.
+                if attempt == 2 or not await conn.run_sync(check):
+                    raise
+                await anyio.sleep(0.05 * (attempt + 1))
         logger.info("created table(s) %s", ", ".join(missing))
 
     def _build(self, dialect: str) -> dict[str, Any]:
@@ -425,18 +430,26 @@ class _Connection:
         store = self._store
         assert store._engine is not None
         self._cm = store._engine.connect()
-        conn: AsyncConnection = await self._cm.__aenter__()
+        # Cancelled halfway, a checkout leaks its connection: let our own
+        # deadline, not a caller's cancellation, end a slow connect.
+        with anyio.CancelScope(shield=True), anyio.fail_after(store.timeout):
+            conn: AsyncConnection = await self._cm.__aenter__()
         if not store._ready:
             try:
-                await store._ensure_tables(conn)
+                async with store._ensure_lock:
+                    if not store._ready:
+                        await store._ensure_tables(conn)
+                        store._ready = True
             except BaseException:
-                await self._cm.__aexit__(None, None, None)
+                await self.__aexit__(None, None, None)
                 raise
-            store._ready = True
         return conn
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._cm.__aexit__(*exc)
+        # A timeout or shutdown may cancel us mid-statement; the connection must
+        # still go back to the pool, or it leaks until garbage collection.
+        with anyio.CancelScope(shield=True):
+            await self._cm.__aexit__(*exc)
 
 
 def _utc(ts: float | None) -> datetime | None:

@@ -1,0 +1,338 @@
+"""The scheduler with a store, in one process: several schedulers stand for
+several instances sharing one real database. Real time, short intervals
+(the database's clock decides leases, so virtual time cannot drive them)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fastapi_jobs import Every, Instance, JobContext, LoopClock, Scheduler
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .postgres import PostgresServer
+
+
+@asynccontextmanager
+async def engine_for(url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def instance(engine: AsyncEngine, **store_options: object) -> Scheduler:
+    store = SQLAlchemyStore(lambda state: state["db"], **store_options)  # type: ignore[arg-type]
+    return Scheduler(store=store, shutdown_timeout=5)
+
+
+async def test_each_tick_runs_once_across_instances(database_url: str) -> None:
+    """Three instances, two jobs at 100 ms: every (job, tick) runs exactly once."""
+    runs: list[tuple[str, datetime, int | None, str]] = []
+    async with engine_for(database_url) as engine, AsyncExitStack() as stack:
+        for i in range(3):
+            scheduler = instance(engine)
+            for name in ("a", "b"):
+
+                async def job(ctx: JobContext, who: str = f"i{i}") -> None:
+                    runs.append((ctx.name, ctx.tick, ctx.fence, who))
+
+                scheduler.add_job(job, Every(seconds=0.1), name=name)
+            await stack.enter_async_context(scheduler.running({"db": engine}))
+            await anyio.sleep(0.05 * i)  # instances start at different moments
+        await anyio.sleep(1.2)
+    for name in ("a", "b"):
+        ticks = [tick for job, tick, _, _ in runs if job == name]
+        fences = [fence for job, _, fence, _ in runs if job == name]
+        assert len(ticks) >= 8
+        assert len(ticks) == len(set(ticks)), "a tick ran twice"
+        assert ticks == sorted(ticks)
+        assert fences == list(range(1, len(fences) + 1))  # one claim per run, no gaps
+
+
+async def test_every_instance_jobs_run_everywhere_and_touch_no_claims(database_url: str) -> None:
+    """every_instance=True: each instance runs each tick, and no claim row is written."""
+    counts = {"i0": 0, "i1": 0}
+    async with engine_for(database_url) as engine, AsyncExitStack() as stack:
+        for who in counts:
+            scheduler = instance(engine)
+
+            @scheduler.every(seconds=0.1, every_instance=True)
+            async def cache_refresh(ctx: JobContext, who: str = who) -> None:
+                assert ctx.fence is None
+                counts[who] += 1
+
+            await stack.enter_async_context(scheduler.running({"db": engine}))
+        await anyio.sleep(0.55)
+        async with engine.connect() as conn:
+            claimed = (
+                await conn.execute(sa.text("SELECT count(*) FROM fastapi_jobs_claims"))
+            ).scalar()
+    assert counts["i0"] >= 4 and counts["i1"] >= 4
+    assert claimed == 0
+
+
+async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str) -> None:
+    """A 1.2 s run under a 0.45 s lease renews it; no peer runs the job meanwhile."""
+    runs: list[tuple[str, int | None]] = []
+    async with engine_for(database_url) as engine, AsyncExitStack() as stack:
+        for who in ("i0", "i1"):
+            scheduler = instance(engine, lease=0.45, timeout=0.1, heartbeat=1)
+
+            @scheduler.every(seconds=0.1)
+            async def long(ctx: JobContext, who: str = who) -> None:
+                runs.append((who, ctx.fence))
+                await anyio.sleep(1.2)
+
+            await stack.enter_async_context(scheduler.running({"db": engine}))
+        await anyio.sleep(1.0)
+        assert len(runs) == 1  # the first run still holds the job
+        await anyio.sleep(1.0)
+    assert [fence for _, fence in runs] == list(range(1, len(runs) + 1))
+    assert 1 < len(runs) <= 2
+
+
+async def serve_until(scheduler: Scheduler, engine: AsyncEngine, stop: anyio.Event) -> None:
+    """An instance: runs until `stop` is set, then stops gracefully."""
+    async with scheduler.running({"db": engine}):
+        await stop.wait()
+
+
+async def test_graceful_stop_releases_so_a_peer_takes_the_next_tick_at_once(
+    database_url: str,
+) -> None:
+    """Stopping the holder mid-run releases the claim; the peer runs the next tick
+    without waiting for the 30 s lease."""
+    runs: list[str] = []
+    async with engine_for(database_url) as engine:
+        holder, peer = instance(engine), instance(engine)
+        holder.shutdown_timeout = 0.1
+        for who, scheduler in (("holder", holder), ("peer", peer)):
+
+            @scheduler.every(seconds=0.2)
+            async def report(ctx: JobContext, who: str = who) -> None:
+                runs.append(who)
+                await anyio.sleep(10 if who == "holder" else 0)
+
+        stop_holder, stop_peer = anyio.Event(), anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve_until, holder, engine, stop_holder)
+            while not runs:  # the holder claims a tick and runs for 10 s
+                await anyio.sleep(0.02)
+            tg.start_soon(serve_until, peer, engine, stop_peer)
+            await anyio.sleep(0.5)
+            assert runs == ["holder"]  # the peer cannot claim while the lease is held
+            stop_holder.set()
+            await anyio.sleep(0.5)
+            stop_peer.set()
+    assert runs[0] == "holder"
+    assert runs[1:].count("peer") >= 1
+    assert holder.job_status("report").last_outcome == "cancelled"
+    assert peer.job_status("report").skipped.get("claimed_elsewhere", 0) >= 1
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_database_down_skips_ticks_and_recovers_by_itself(
+    postgres: PostgresServer, driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL stopped: ticks are skipped, logged and counted; once it is back,
+    runs resume with no help, and no tick ran twice."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    ticks: list[datetime] = []
+    async with engine_for(url) as engine:
+        scheduler = instance(engine, lease=3, timeout=0.5)
+
+        @scheduler.every(seconds=0.1)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick)
+
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(0.4)
+            before = len(ticks)
+            await anyio.to_thread.run_sync(postgres.stop)
+            await anyio.sleep(0.5)
+            down = scheduler.job_status("job").skipped.get("store_unavailable", 0)
+            during = len(ticks)
+            await anyio.to_thread.run_sync(postgres.start)
+            await anyio.sleep(0.8)
+    assert before >= 2
+    assert during - before <= 1  # at most the run claimed just before the stop
+    assert down >= 2
+    assert len(ticks) - during >= 3  # recovered by itself
+    assert len(ticks) == len(set(ticks))
+    assert "store unreachable, tick skipped" in caplog.text
+
+
+async def test_sqlite_unreachable_file_skips_ticks_and_recovers(tmp_path: Path) -> None:
+    """A SQLite file that cannot be opened: ticks are skipped until it can."""
+    folder = tmp_path / "not-yet"
+    ticks: list[datetime] = []
+    async with engine_for(f"sqlite+aiosqlite:///{folder / 'jobs.sqlite3'}") as engine:
+        scheduler = instance(engine, lease=3, timeout=0.5)
+
+        @scheduler.every(seconds=0.1)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick)
+
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(0.45)
+            assert ticks == []
+            assert scheduler.job_status("job").skipped["store_unavailable"] >= 3
+            await anyio.Path(folder).mkdir()
+            await anyio.sleep(0.5)
+    assert len(ticks) >= 3
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_lease_that_cannot_be_renewed_cancels_the_run(
+    postgres: PostgresServer, driver: str
+) -> None:
+    """The database goes away mid-run for longer than the lease: the run is cancelled
+    and recorded as a lost lease, before a peer could take over."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    progress: list[str] = []
+    async with engine_for(url) as engine:
+        scheduler = instance(engine, lease=0.6, timeout=0.15)
+
+        @scheduler.every(minutes=1, run_on_startup=True)
+        async def long(ctx: JobContext) -> None:
+            progress.append("start")
+            await anyio.sleep(3)
+            progress.append("end")
+
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(0.1)
+            await anyio.to_thread.run_sync(postgres.stop)
+            await anyio.sleep(1.0)  # longer than the lease
+            status = scheduler.job_status("long")
+            await anyio.to_thread.run_sync(postgres.start)
+    assert progress == ["start"]
+    assert status.last_outcome == "cancelled"
+    assert status.last_error is not None
+    assert status.last_error.type == "LeaseLostError"
+    assert "lease ran out" in status.last_error.message
+    assert status.running is False
+
+
+async def test_catch_up_runs_the_latest_missed_tick_once_within_the_deadline(
+    database_url: str,
+) -> None:
+    """After downtime across many ticks, one catch-up run for the latest missed tick."""
+    async with engine_for(database_url) as engine:
+        grid = Every(minutes=10)
+        start = datetime.fromtimestamp(grid.next_after(1_800_000_000) + 125, tz=UTC)  # :02:05
+        latest = datetime.fromtimestamp(grid.last_at_or_before(start.timestamp()), tz=UTC)
+        seed = SQLAlchemyStore(engine)
+        await seed.open({}, Instance())
+        fence = await seed.claim("digest", (latest - timedelta(hours=5)).timestamp())
+        assert fence == 1
+        await seed.release("digest", fence, "ok", None, 1.0)
+
+        ticks: dict[str, list[datetime]] = {"digest": [], "late": []}
+        scheduler = Scheduler(
+            store=SQLAlchemyStore(engine), clock=LoopClock(start), shutdown_timeout=5
+        )
+
+        @scheduler.every(minutes=10, catch_up=timedelta(minutes=5))
+        async def digest(ctx: JobContext) -> None:
+            ticks["digest"].append(ctx.tick)
+
+        @scheduler.every(minutes=10, catch_up=timedelta(seconds=30))
+        async def late(ctx: JobContext) -> None:
+            ticks["late"].append(ctx.tick)
+
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(0.3)
+        view = await seed.read()
+        await seed.close()
+    assert ticks["digest"] == [latest]  # 5 h down: 30 ticks missed, one run
+    assert scheduler.job_status("digest").skipped == {"missed": 29}
+    assert ticks["late"] == []  # its latest tick is 125 s old, past its 30 s deadline
+    assert view.jobs["digest"].last_tick == latest
+
+
+async def test_catch_up_never_reruns_a_tick_a_peer_ran(database_url: str) -> None:
+    """Two instances starting together catch up on the missed tick once between them."""
+    async with engine_for(database_url) as engine:
+        seed = SQLAlchemyStore(engine)
+        await seed.open({}, Instance())
+        await seed.release("digest", await seed.claim("digest", 0.0) or 0, "ok", None, 0.0)
+        runs: list[datetime] = []
+        async with AsyncExitStack() as stack:
+            for _ in range(2):
+                scheduler = Scheduler(store=SQLAlchemyStore(engine), shutdown_timeout=5)
+
+                @scheduler.every(hours=1, catch_up=timedelta(hours=2))
+                async def digest(ctx: JobContext) -> None:
+                    runs.append(ctx.tick)
+
+                await stack.enter_async_context(scheduler.running({"db": engine}))
+            await anyio.sleep(0.3)
+        await seed.close()
+    assert len(runs) == 1
+
+
+def test_catch_up_needs_a_store() -> None:
+    """catch_up= without a store cannot remember anything: refused at declaration."""
+    from fastapi_jobs import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="catch_up= needs the store"):
+        Scheduler().every(hours=1, catch_up=60)(_noop)
+
+
+async def _noop() -> None:
+    pass
+
+
+def test_instances_is_a_reserved_job_name() -> None:
+    """GET /jobs/instances is the instance list, so no job may be called that."""
+    from fastapi_jobs import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="'instances' is taken"):
+        Scheduler().add_job(_noop, Every(hours=1), name="instances")
+
+
+def test_warns_when_several_processes_run_without_a_store(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """WEB_CONCURRENCY=4 and no store: one warning naming the jobs that will run N times."""
+    monkeypatch.setenv("WEB_CONCURRENCY", "4")
+    scheduler = Scheduler()
+    scheduler.every(hours=1)(_noop)
+    scheduler.every(hours=1, name="cache", every_instance=True)(_noop)
+
+    async def start() -> None:
+        async with scheduler.running():
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        anyio.run(start)
+    [warning] = [r for r in caplog.records if "several processes" in r.getMessage()]
+    assert "these jobs on every tick: _noop." in warning.getMessage()
+    assert "cache" not in warning.getMessage().split("tick:")[1].split(".")[0]
+
+
+def test_no_warning_with_a_single_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One process, or a store: no warning."""
+    monkeypatch.delenv("WEB_CONCURRENCY", raising=False)
+    scheduler = Scheduler()
+    scheduler.every(hours=1)(_noop)
+
+    async def start() -> None:
+        async with scheduler.running():
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        anyio.run(start)
+    assert caplog.records == []
