@@ -7,6 +7,7 @@ temporary directory; fsync is off (the tests do not survive power loss).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -97,8 +98,20 @@ class PostgresServer:
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         out = subprocess.run(
-            [self.psql_bin, "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
-            + ["-d", database, "-At", "-c", sql],
+            [
+                self.psql_bin,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-At",
+                "-c",
+                sql,
+            ],
             check=True,
             capture_output=True,
             text=True,
@@ -106,10 +119,8 @@ class PostgresServer:
         return out.stdout.strip()
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -113,6 +113,7 @@ async def test_graceful_stop_releases_so_a_peer_takes_the_next_tick_at_once(
     """Stopping the holder mid-run releases the claim; the peer runs the next tick
     without waiting for the 30 s lease."""
     runs: list[str] = []
+    first_run = anyio.Event()
     async with engine_for(database_url) as engine:
         holder, peer = instance(engine), instance(engine)
         holder.shutdown_timeout = 0.1
@@ -121,13 +122,13 @@ async def test_graceful_stop_releases_so_a_peer_takes_the_next_tick_at_once(
             @scheduler.every(seconds=0.2)
             async def report(ctx: JobContext, who: str = who) -> None:
                 runs.append(who)
+                first_run.set()
                 await anyio.sleep(10 if who == "holder" else 0)
 
         stop_holder, stop_peer = anyio.Event(), anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(serve_until, holder, engine, stop_holder)
-            while not runs:  # the holder claims a tick and runs for 10 s
-                await anyio.sleep(0.02)
+            await first_run.wait()  # the holder claimed a tick and runs for 10 s
             tg.start_soon(serve_until, peer, engine, stop_peer)
             await anyio.sleep(0.5)
             assert runs == ["holder"]  # the peer cannot claim while the lease is held

@@ -11,8 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import ConfigurationError, JobContext, LeaseLostError, StoreError
-from fastapi_jobs import Instance
+from fastapi_jobs import ConfigurationError, Instance, JobContext, LeaseLostError, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import START
