@@ -14,6 +14,7 @@ POSIX seconds (double precision) so that both databases compare them alike.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -346,15 +347,18 @@ class SQLAlchemyStore:
                 f"table(s) {', '.join(missing)} do not exist: create them with the DDL "
                 "from SQLAlchemyStore.ddl(), or pass create_tables=True"
             )
-        for attempt in range(3):
+        for attempt in range(1, 6):
             try:
                 await conn.run_sync(self.metadata.create_all, checkfirst=True)
                 break
             except sa.exc.DatabaseError:
-                # Another instance was creating them at the same moment: look again.
-                if attempt == 2 or not await conn.run_sync(check):
+                # Other instances were creating them at the same moment
+                # ("already exists", or a duplicate in PostgreSQL's catalog).
+                if not await conn.run_sync(check):
+                    break
+                if attempt == 5:
                     raise
-                await anyio.sleep(0.05 * (attempt + 1))
+                await anyio.sleep(random.uniform(0.02, 0.1) * attempt)
         logger.info("created table(s) %s", ", ".join(missing))
 
     def _build(self, dialect: str) -> dict[str, Any]:

@@ -1,0 +1,138 @@
+"""An app for the multi-process tests: N claimed jobs that record every run.
+
+Configured by the environment:
+DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
+SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s).
+
+Tables (in the app's own database, beside the store's):
+- runs(job, tick, fence, instance, pid, started, finished): one row per run,
+  "finished" set by a fenced write at the end;
+- writes(job, fence, instance, at): one row per successful fenced write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import sqlalchemy as sa
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from fastapi_jobs import Every, JobContext, Scheduler, SystemClock
+from fastapi_jobs.stores import SQLAlchemyStore
+
+logging.basicConfig(level=logging.INFO)
+ENV = os.environ
+INTERVAL = float(ENV.get("INTERVAL", "0.25"))
+RUN_SECONDS = float(ENV.get("RUN_SECONDS", "0"))
+
+metadata = sa.MetaData()
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("job", sa.String(50)),
+    sa.Column("tick", sa.Double),
+    sa.Column("fence", sa.BigInteger),
+    sa.Column("instance", sa.String(200)),
+    sa.Column("pid", sa.Integer),
+    sa.Column("started", sa.Double),
+    sa.Column("finished", sa.Double, nullable=True),
+)
+writes = sa.Table(
+    "writes",
+    metadata,
+    sa.Column("job", sa.String(50)),
+    sa.Column("fence", sa.BigInteger),
+    sa.Column("instance", sa.String(200)),
+    sa.Column("at", sa.Double),
+)
+
+
+class OffsetClock(SystemClock):
+    """This process's clock, off by CLOCK_OFFSET seconds (a skewed host)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    async def sleep_until(self, ts: float) -> None:
+        await super().sleep_until(ts - self.offset)
+
+
+@asynccontextmanager
+async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    engine = create_async_engine(ENV["DATABASE_URL"])
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    yield {"db": engine}
+    await engine.dispose()
+
+
+store = SQLAlchemyStore(
+    lambda state: state["db"],
+    lease=float(ENV.get("LEASE", "30")),
+    timeout=float(ENV.get("TIMEOUT", "2")),
+    heartbeat=1,
+)
+scheduler = Scheduler(
+    lifespan=resources,
+    store=store,
+    shutdown_timeout=float(ENV.get("SHUTDOWN_TIMEOUT", "30")),
+    clock=OffsetClock(float(ENV.get("CLOCK_OFFSET", "0"))),
+)
+ME = scheduler.instance.id
+
+
+async def fenced_write(ctx: JobContext, conn: Any) -> bool:
+    """Record a write only while this run's claim is the job's latest."""
+    guarded = sa.select(
+        sa.literal(ctx.name), sa.literal(ctx.fence), sa.literal(ME), sa.literal(time.time())
+    ).where(store.fenced(ctx))
+    result = await conn.execute(
+        writes.insert().from_select(["job", "fence", "instance", "at"], guarded)
+    )
+    return bool(result.rowcount)
+
+
+async def work(ctx: JobContext) -> None:
+    engine = ctx.state["db"]
+    async with engine.begin() as conn:
+        await conn.execute(
+            runs.insert().values(
+                job=ctx.name,
+                tick=ctx.tick.timestamp(),
+                fence=ctx.fence,
+                instance=ME,
+                pid=os.getpid(),
+                started=time.time(),
+            )
+        )
+    deadline = time.monotonic() + RUN_SECONDS
+    while True:
+        async with engine.begin() as conn:
+            await fenced_write(ctx, conn)
+        if time.monotonic() >= deadline:
+            break
+        await anyio.sleep(min(0.05, RUN_SECONDS))
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(runs)
+            .where(runs.c.job == ctx.name, runs.c.fence == ctx.fence, store.fenced(ctx))
+            .values(finished=time.time())
+        )
+
+
+catch_up = float(ENV["CATCH_UP"]) if ENV.get("CATCH_UP") else None
+for n in range(int(ENV.get("JOBS", "1"))):
+    scheduler.add_job(work, Every(seconds=INTERVAL), name=f"job{n}", catch_up=catch_up)
+
+app = FastAPI(lifespan=scheduler.lifespan)
+app.include_router(scheduler.router)
