@@ -72,3 +72,23 @@ class LoopClock:
         delay = ts - self.now()
         if delay > 0:
             await anyio.sleep(delay)
+
+
+class OffsetClock:
+    """Another clock, shifted by ``offset`` seconds.
+
+    With a store, the scheduler shifts its clock onto the database's: app
+    hosts may be seconds apart, and a host that ticks early would claim the
+    next tick before the others reach the current one. The offset is measured
+    at each instance heartbeat; the local clock still times the waits.
+    """
+
+    def __init__(self, inner: Clock, offset: float = 0.0) -> None:
+        self.inner = inner
+        self.offset = offset
+
+    def now(self) -> float:
+        return self.inner.now() + self.offset
+
+    async def sleep_until(self, ts: float) -> None:
+        await self.inner.sleep_until(ts - self.offset)

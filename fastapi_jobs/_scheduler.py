@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
 from ._job import Job
 from ._runner import JobRunner, RunResult
@@ -80,6 +80,8 @@ class Scheduler:
         self.shutdown_timeout = shutdown_timeout
         self.clock: Clock = clock or SystemClock()
         self.store = store
+        # Jobs tick on this clock: with a store, shifted onto the database's.
+        self._ticking_clock = OffsetClock(self.clock) if store is not None else self.clock
         self.instance = Instance()
         self._app_lifespan = lifespan
         self._runners: dict[str, JobRunner] = {}
@@ -135,7 +137,7 @@ class Scheduler:
                 "across restarts: pass Scheduler(store=...), and do not combine it "
                 "with every_instance=True"
             )
-        self._runners[job.name] = JobRunner(job, self.clock, self.logger, self.store)
+        self._runners[job.name] = JobRunner(job, self._ticking_clock, self.logger, self.store)
         return job
 
     def every(
@@ -247,6 +249,7 @@ class Scheduler:
         try:
             if store is not None:
                 await store.open(self._state, self.instance)
+                await self._beat_once(store)  # learn the database's time before ticking
             async with anyio.create_task_group() as tg:
                 beating = anyio.CancelScope()
                 if store is not None:
@@ -270,12 +273,21 @@ class Scheduler:
         """Keep this instance's row fresh, so the status page lists it."""
         with scope:
             while True:
-                try:
-                    with anyio.fail_after(store.timeout):
-                        await store.beat()
-                except Exception as exc:  # noqa: BLE001 - the next beat retries
-                    self.logger.warning("instance heartbeat failed: %r", exc)
                 await anyio.sleep(store.heartbeat)
+                await self._beat_once(store)
+
+    async def _beat_once(self, store: Store) -> None:
+        try:
+            with anyio.fail_after(store.timeout):
+                sent = self.clock.now()
+                db_time = await store.beat()
+                received = self.clock.now()
+        except Exception as exc:  # noqa: BLE001 - the next beat retries
+            self.logger.warning("instance heartbeat failed: %r", exc)
+            return
+        if isinstance(self._ticking_clock, OffsetClock):
+            # The database read its clock about halfway through the round trip.
+            self._ticking_clock.offset = db_time - (sent + received) / 2
 
     def _warn_if_unclaimed_in_several_processes(self) -> None:
         unclaimed = [

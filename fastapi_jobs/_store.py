@@ -62,8 +62,8 @@ class Store(Protocol):
     async def last_tick(self, job: str) -> float | None:
         """The last tick claimed for ``job`` by any instance, if any."""
 
-    async def beat(self) -> None:
-        """Tell the store this instance is alive."""
+    async def beat(self) -> float:
+        """Tell the store this instance is alive; return the database's time."""
 
     async def read(self) -> ClusterView:
         """The cluster-wide view for the status page."""

@@ -18,10 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sync_url(url: str) -> str:
     """The same database through a sync driver, for the test's own reads."""
-    return (
-        url.replace("+aiosqlite", "")
-        .replace("postgresql+asyncpg", "postgresql+psycopg")
-    )
+    return url.replace("+aiosqlite", "").replace("postgresql+asyncpg", "postgresql+psycopg")
 
 
 class App:

@@ -6,6 +6,7 @@ virtual clock, and leases are decided by the database's clock anyway.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import signal
@@ -43,11 +44,15 @@ def apps() -> Iterator[list[App]]:
         app.stop()
 
 
-def runs(url: str) -> list[tuple[str, float, int, str, int, float, float | None]]:
-    return rows(url, "SELECT job, tick, fence, instance, pid, started, finished FROM runs")  # type: ignore[return-value]
+Run = tuple[str, float, int, str, int, float, float | None]
+"""A row of the runs table: job, tick, fence, instance, pid, started, finished."""
 
 
-def assert_one_run_per_tick(url: str) -> list[tuple[str, float, int, str, int, float, float | None]]:
+def runs(url: str) -> list[Run]:
+    return rows(url, "SELECT job, tick, fence, instance, pid, started, finished FROM runs")
+
+
+def assert_one_run_per_tick(url: str) -> list[Run]:
     all_runs = runs(url)
     per_tick = Counter((job, tick) for job, tick, *_ in all_runs)
     twice = {key: n for key, n in per_tick.items() if n > 1}
@@ -75,7 +80,7 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
     for job in (f"job{n}" for n in range(5)):
         ticks = sorted(tick for j, tick, *_ in all_runs if j == job)
         assert len(ticks) >= 8
-        gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False) if b - a > 0.26]
+        gaps = [b - a for a, b in itertools.pairwise(ticks) if b - a > 0.26]
         assert not gaps, f"{job}: ticks left out: {gaps}"
     assert len({r[3] for r in all_runs}) >= 2  # the work was shared
 
@@ -105,3 +110,193 @@ def test_eight_processes_race_for_each_tick_and_one_wins(
     wins = sorted(tuple(w) for out in outs for w in json.loads(out.read_text()))
     assert [tick for tick, _ in wins] == list(range(1, rounds + 1))  # one winner per tick
     assert [fence for _, fence in wins] == list(range(1, rounds + 1))  # fences strictly grow
+
+
+def holder_of_a_running_job(url: str, apps: list[App]) -> tuple[App, Run]:
+    """Wait until some process is mid-run; that process and its run row."""
+    found: list[Run] = []
+
+    def running() -> bool:
+        found[:] = [r for r in runs(url) if r[6] is None]
+        return bool(found)
+
+    wait_until(running, timeout=30)
+    run = found[0]
+    [app] = [a for a in apps if a.pid == run[4]]
+    return app, run
+
+
+def test_sigkill_mid_run_the_tick_is_not_run_again_and_a_survivor_takes_over(
+    pg_url: str, apps: list[App]
+) -> None:
+    """The holder dies mid-run (SIGKILL): its tick never runs again; once its lease
+    expires, the next tick runs on a survivor."""
+    apps += start(pg_url, 3, INTERVAL=0.25, RUN_SECONDS=0.8, LEASE=1.5, TIMEOUT=0.4)
+    victim, run = holder_of_a_running_job(pg_url, apps)
+    victim.signal(signal.SIGKILL)
+    killed_at = time.time()
+    time.sleep(3)
+    for app in apps:
+        if app is not victim:
+            app.terminate()
+    all_runs = assert_one_run_per_tick(pg_url)
+    job, tick = run[0], run[1]
+    assert [r for r in all_runs if (r[0], r[1]) == (job, tick)] == [run]  # never run again
+    after = [r for r in all_runs if r[0] == job and r[1] > tick]
+    assert after, "no survivor took over"
+    assert all(r[4] != victim.pid for r in after)
+    # The survivor claimed only once the dead holder's lease had run out.
+    first = min(r[5] for r in after)
+    assert first >= killed_at + 0.3
+    assert first <= killed_at + 1.5 + 1.0
+
+
+def test_sigstop_past_the_lease_cancels_the_run_and_its_stale_writes_are_rejected(
+    pg_url: str, apps: list[App]
+) -> None:
+    """The holder is paused (SIGSTOP) longer than its lease: a peer takes the job with a
+    higher fence; when the holder resumes its run is cancelled, and a write guarded by
+    its stale fence is rejected."""
+    apps += start(pg_url, 2, INTERVAL=0.25, RUN_SECONDS=2.5, LEASE=0.9, TIMEOUT=0.25)
+    holder, run = holder_of_a_running_job(pg_url, apps)
+    job, stale_fence = run[0], run[2]
+    holder.signal(signal.SIGSTOP)
+    time.sleep(2.0)  # more than twice the lease
+    holder.signal(signal.SIGCONT)
+    resumed_at = time.time()
+    time.sleep(1.0)
+    for app in apps:
+        app.terminate()
+    assert "lost its lease" in holder.output()
+    all_runs = assert_one_run_per_tick(pg_url)
+    newer = [r for r in all_runs if r[0] == job and r[2] > stale_fence]
+    assert newer, "no peer took over"
+    taken_at = min(r[5] for r in newer)
+    assert [r[6] for r in all_runs if r[2] == stale_fence] == [None]  # never finished
+    # No write with the stale fence got through once the peer had claimed.
+    late = rows(
+        pg_url,
+        "SELECT at FROM writes WHERE job = :job AND fence = :fence AND at > :taken",
+        job=job,
+        fence=stale_fence,
+        taken=taken_at,
+    )
+    assert late == []
+    # And one attempted now, as the resumed run would, is rejected by the guard.
+    attempted = rows(
+        pg_url,
+        "INSERT INTO writes SELECT CAST(:job AS VARCHAR), CAST(:fence AS BIGINT), 'stale', 0 "
+        "WHERE EXISTS (SELECT 1 FROM fastapi_jobs_claims WHERE job = CAST(:job AS VARCHAR) "
+        "AND fence = CAST(:fence AS BIGINT)) RETURNING fence",
+        job=job,
+        fence=stale_fence,
+    )
+    assert attempted == []
+    assert resumed_at > taken_at
+
+
+def test_a_run_longer_than_its_lease_is_not_run_twice(pg_url: str, apps: list[App]) -> None:
+    """Runs of 1.5 s under a 0.6 s lease in 3 processes: renewals keep them; runs of one
+    job never overlap and no tick repeats."""
+    apps += start(pg_url, 3, JOBS=2, INTERVAL=0.25, RUN_SECONDS=1.5, LEASE=0.6, TIMEOUT=0.15)
+    time.sleep(5)
+    for app in apps:
+        app.terminate()
+    all_runs = assert_one_run_per_tick(pg_url)
+    for job in ("job0", "job1"):
+        spans = sorted((r[5], r[6]) for r in all_runs if r[0] == job)
+        assert len(spans) >= 2
+        assert all(end is not None for _, end in spans[:-1])
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))  # type: ignore[operator]
+    assert all("lost its lease" not in app.output() for app in apps)
+
+
+def test_database_restarts_during_claims_renewals_and_releases(
+    postgres: PostgresServer, apps: list[App]
+) -> None:
+    """PostgreSQL restarts three times under load: no tick runs twice, and runs resume."""
+    url = postgres.url(postgres.create_database())
+    apps += start(url, 3, JOBS=3, INTERVAL=0.2, RUN_SECONDS=0.35, LEASE=0.9, TIMEOUT=0.25)
+    time.sleep(1)
+    for pause in (0.3, 0.7, 0.45):
+        postgres.restart()
+        time.sleep(pause)
+    restarted_at = time.time()
+    time.sleep(1.5)
+    for app in apps:
+        app.terminate()
+    all_runs = assert_one_run_per_tick(url)
+    assert [r for r in all_runs if r[5] > restarted_at + 0.3], "runs did not resume"
+
+
+def test_skewed_clocks_do_not_change_outcomes(cluster_url: str, apps: list[App]) -> None:
+    """One process 3 s ahead, one 2 s behind: still one run per tick, no tick left out."""
+    for offset in (3, 0, -2):
+        apps.append(App(cluster_url, JOBS=2, INTERVAL=0.25, CLOCK_OFFSET=offset, TIMEOUT=2))
+    for app in apps:
+        app.wait_started()
+    time.sleep(3)
+    for app in apps:
+        app.terminate()
+    all_runs = assert_one_run_per_tick(cluster_url)
+    for job in ("job0", "job1"):
+        ticks = sorted(r[1] for r in all_runs if r[0] == job)
+        assert len(ticks) >= 8
+        assert all(b - a < 0.26 for a, b in itertools.pairwise(ticks))
+
+
+def restart_after_downtime(url: str, apps: list[App], catch_up: float) -> tuple[App, float, float]:
+    """Run one instance, stop it for ~10 ticks, start another; return the new
+    instance, when the first stopped, and when the second's scheduler started
+    (the database's time of its first heartbeat)."""
+    first = App(url, INTERVAL=0.25, CATCH_UP=catch_up)
+    apps.append(first)
+    first.wait_started()
+    time.sleep(0.8)
+    first.terminate()
+    stopped_at = max(r[1] for r in runs(url))
+    time.sleep(2.5)
+    again = App(url, INTERVAL=0.25, CATCH_UP=catch_up)
+    apps.append(again)
+    again.wait_started()
+    time.sleep(0.6)
+    again.signal(signal.SIGKILL)  # keeps its instance row, with its start time
+    again.proc.wait(timeout=10)
+    [(started_at,)] = rows(url, "SELECT started_at FROM fastapi_jobs_instances")
+    return again, stopped_at, started_at
+
+
+def test_downtime_across_many_ticks_gives_one_catch_up_run(pg_url: str, apps: list[App]) -> None:
+    """Down for ~10 ticks, catch_up=5 s: the latest missed tick runs once, at start."""
+    again, stopped_at, started_at = restart_after_downtime(pg_url, apps, catch_up=5)
+    assert_one_run_per_tick(pg_url)
+    missed = [r[1] for r in runs(pg_url) if stopped_at < r[1] < started_at - 0.02]
+    assert len(missed) == 1, f"catch-up runs: {missed}"
+    assert started_at - missed[0] < 0.25 + 0.02  # the latest of the missed ticks
+    assert "missed while down; catching up on the latest" in again.output()
+
+
+def test_no_catch_up_past_the_deadline(pg_url: str, apps: list[App]) -> None:
+    """The same downtime with a deadline shorter than any tick's age: no catch-up run."""
+    again, stopped_at, started_at = restart_after_downtime(pg_url, apps, catch_up=0.000001)
+    missed = [r[1] for r in runs(pg_url) if stopped_at < r[1] < started_at - 0.02]
+    assert missed == []
+    assert "catching up" not in again.output()
+
+
+def test_graceful_stop_of_the_holder_lets_a_peer_run_the_next_tick_on_time(
+    pg_url: str, apps: list[App]
+) -> None:
+    """SIGTERM to the holder of a long run (30 s lease): it releases the claim, and the
+    peer runs the next tick at once instead of 30 s later."""
+    apps += start(pg_url, 2, INTERVAL=0.25, RUN_SECONDS=20, SHUTDOWN_TIMEOUT=0.2)
+    holder, _ = holder_of_a_running_job(pg_url, apps)
+    holder.terminate()
+    stopped_at = time.time()
+    time.sleep(1.0)
+    [peer] = [a for a in apps if a is not holder]
+    peer.signal(signal.SIGKILL)  # its own 20 s run needs no draining
+    later = [r for r in runs(pg_url) if r[4] == peer.pid and r[5] > stopped_at]
+    assert later, "the peer did not take the next tick"
+    assert min(r[5] for r in later) < stopped_at + 0.6
+    assert "cancelling it" in holder.output()

@@ -226,10 +226,10 @@ class SQLAlchemyStore:
 
     # -- instances and status -----------------------------------------------
 
-    async def beat(self) -> None:
+    async def beat(self) -> float:
         assert self._instance is not None
         async with self._connect() as conn:
-            await conn.execute(
+            seen = await conn.scalar(
                 self._statements["beat"],
                 {
                     "b_id": self._instance.id,
@@ -237,6 +237,7 @@ class SQLAlchemyStore:
                     "b_pid": self._instance.pid,
                 },
             )
+        return float(seen)
 
     async def read(self) -> ClusterView:
         c, i = self.claims, self.instances
@@ -419,7 +420,7 @@ class SQLAlchemyStore:
         )
         beat = seen.on_conflict_do_update(
             index_elements=[i.c.id], set_={"seen_at": seen.excluded.seen_at}
-        )
+        ).returning(i.c.seen_at)
         return {"claim": claim, "renew": renew, "release": release, "beat": beat}
 
 

@@ -32,5 +32,4 @@ async def _race(url: str, rounds: int, barrier: Barrier, out: str) -> None:
         await anyio.to_thread.run_sync(barrier.wait, 60)
     await store.close()
     await engine.dispose()
-    with open(out, "w") as f:
-        json.dump(won, f)
+    await anyio.Path(out).write_text(json.dumps(won))
