@@ -19,8 +19,10 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs.stores import SQLAlchemyStore
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///example_app.sqlite3")
 
@@ -54,12 +56,20 @@ async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     """The app's own lifespan: one engine (pool) for requests and jobs alike."""
     engine = create_async_engine(DATABASE_URL)
     async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
+        # IF NOT EXISTS: with --workers N, every worker runs this at once.
+        for table in metadata.sorted_tables:
+            await conn.execute(CreateTable(table, if_not_exists=True))
+            for index in table.indexes:
+                await conn.execute(CreateIndex(index, if_not_exists=True))
     yield {"db": engine}
     await engine.dispose()
 
 
-scheduler = Scheduler(lifespan=resources, logger=logger)
+# Claims live in the app's own database, through the app's own engine: with
+# `uvicorn example_app.main:app --workers 4` each tick runs in one worker.
+scheduler = Scheduler(
+    lifespan=resources, logger=logger, store=SQLAlchemyStore(lambda state: state["db"])
+)
 
 
 @scheduler.every(minutes=1)
@@ -83,13 +93,16 @@ async def send_digest(ctx: JobContext) -> None:
 
 
 _upstream_calls = itertools.count(1)
+rates: dict[str, float] = {}  # a cache in each worker process
 
 
-@scheduler.every(seconds=20)
+@scheduler.every(seconds=20, every_instance=True)
 def refresh_rates() -> None:
-    """A sync job (it runs in a worker thread) whose upstream fails every third call."""
+    """Refresh this process's cache, so it runs in every worker (every_instance).
+    A sync job: it runs in a worker thread. Its upstream fails every third call."""
     if next(_upstream_calls) % 3 == 0:
         raise ConnectionError("rates upstream timed out")
+    rates["EUR/USD"] = 1.08
 
 
 app = FastAPI(title="fastapi_jobs example", lifespan=scheduler.lifespan)

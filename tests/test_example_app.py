@@ -10,6 +10,7 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from example_app import main
 
 from .conftest import serve
+from .postgres import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,3 +95,52 @@ def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert [j["name"] for j in jobs] == ["expire_sessions", "send_digest", "refresh_rates"]
     assert (tmp_path / "example_app.sqlite3").exists()
+
+
+def test_example_app_with_four_workers_shares_one_sqlite_store(tmp_path: Path) -> None:
+    """`uvicorn example_app.main:app --workers 4`: the workers register in the shared
+    SQLite store, claimed jobs say so, and nobody warns of duplicate runs."""
+    port = str(free_port())
+    log = tmp_path / "uvicorn.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "example_app.main:app",
+                "--port",
+                port,
+                "--workers",
+                "4",
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            instances: list[dict[str, object]] = []
+            while len(instances) < 4:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError(f"workers did not all register:\n{log.read_text()}")
+                time.sleep(0.2)
+                try:
+                    instances = get_json(f"http://127.0.0.1:{port}/jobs/instances")
+                except OSError:
+                    continue
+            jobs = {j["name"]: j for j in get_json(f"http://127.0.0.1:{port}/jobs")}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert len({i["pid"] for i in instances}) == 4
+    assert jobs["expire_sessions"]["claims"] is True
+    assert jobs["send_digest"]["claims"] is True
+    assert jobs["refresh_rates"]["claims"] is False  # every_instance: a per-process cache
+    assert "several processes" not in log.read_text()
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
