@@ -94,3 +94,26 @@ def test_sigterm_cuts_a_run_past_the_shutdown_timeout_and_names_it(tmp_path: Pat
     assert took < 15  # not the 600 s of the run
     assert [e for job, e, _ in events(db) if job == "slow"] == ["start"]
     assert "job 'slow' was still running at the shutdown deadline (0.5s): cancelling it" in output
+
+
+def test_uvicorn_workers_without_a_store_warn_once_per_worker(tmp_path: Path) -> None:
+    """`--workers 2` and no store: each worker logs one warning naming the jobs that will
+    run in every process."""
+    db = tmp_path / "events.sqlite3"
+    command = [sys.executable, "-m", "uvicorn", "tests.apps.shutdown_app:app"]
+    proc = subprocess.Popen(
+        [*command, "--port", "0", "--workers", "2"],
+        cwd=ROOT,
+        env={**os.environ, "JOBS_TEST_DB": str(db), "SLOW_RUN_SECONDS": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: sum(1 for e in events(db) if e[0] == "slow") >= 4)
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    warnings = [line for line in output.splitlines() if "several processes" in line]
+    assert len(warnings) == 2
+    assert all("these jobs on every tick: slow, ticker." in w for w in warnings)
