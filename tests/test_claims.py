@@ -305,7 +305,7 @@ def test_instances_is_a_reserved_job_name() -> None:
         Scheduler().add_job(_noop, Every(hours=1), name="instances")
 
 
-def test_warns_when_several_processes_run_without_a_store(
+async def test_warns_when_several_processes_run_without_a_store(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """WEB_CONCURRENCY=4 and no store: one warning naming the jobs that will run N times."""
@@ -314,18 +314,15 @@ def test_warns_when_several_processes_run_without_a_store(
     scheduler.every(hours=1)(_noop)
     scheduler.every(hours=1, name="cache", every_instance=True)(_noop)
 
-    async def start() -> None:
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
         async with scheduler.running():
             pass
-
-    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
-        anyio.run(start)
     [warning] = [r for r in caplog.records if "several processes" in r.getMessage()]
     assert "these jobs on every tick: _noop." in warning.getMessage()
     assert "cache" not in warning.getMessage().split("tick:")[1].split(".")[0]
 
 
-def test_no_warning_with_a_single_process(
+async def test_no_warning_with_a_single_process(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One process, or a store: no warning."""
@@ -333,10 +330,7 @@ def test_no_warning_with_a_single_process(
     scheduler = Scheduler()
     scheduler.every(hours=1)(_noop)
 
-    async def start() -> None:
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
         async with scheduler.running():
             pass
-
-    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
-        anyio.run(start)
     assert caplog.records == []
