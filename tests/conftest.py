@@ -3,6 +3,7 @@ async fixtures: a task group must be entered and left by the same task."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,17 @@ from fastapi import FastAPI
 from fastapi_jobs import LoopClock, Scheduler
 
 from .postgres import PostgresServer
+
+# pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
+# none set, asyncio makes one that nobody closes, and its garbage collection
+# later fails a random test (pytest-asyncio #724). Hold one for the session.
+_SESSION_LOOP = asyncio.new_event_loop()
+asyncio.set_event_loop(_SESSION_LOOP)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _SESSION_LOOP.close()
+
 
 # A Monday, midnight UTC: virtual time in the tests starts here.
 START = datetime(2026, 3, 2, tzinfo=UTC)

@@ -23,6 +23,7 @@ import anyio
 import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.schema import CreateTable
 
 from fastapi_jobs import Every, JobContext, Scheduler, SystemClock
 from fastapi_jobs.stores import SQLAlchemyStore
@@ -71,7 +72,8 @@ class OffsetClock(SystemClock):
 async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     engine = create_async_engine(ENV["DATABASE_URL"])
     async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
+        for table in metadata.sorted_tables:  # all processes start at once
+            await conn.execute(CreateTable(table, if_not_exists=True))
     yield {"db": engine}
     await engine.dispose()
 
