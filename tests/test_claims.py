@@ -5,6 +5,7 @@ several instances sharing one real database. Real time, short intervals
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -334,3 +335,49 @@ async def test_no_warning_with_a_single_process(
         async with scheduler.running():
             pass
     assert caplog.records == []
+
+
+async def test_status_shows_the_last_run_across_instances_and_the_instances(
+    database_url: str,
+) -> None:
+    """GET /jobs on one instance shows where the job last ran and who runs it now;
+    GET /jobs/instances lists both live instances."""
+    import httpx
+    from fastapi import FastAPI
+
+    async with engine_for(database_url) as engine:
+        first, second = instance(engine), instance(engine)
+        gate = anyio.Event()
+        for scheduler in (first, second):
+
+            @scheduler.every(seconds=0.1)
+            async def report(ctx: JobContext) -> None:
+                await gate.wait()
+
+            @scheduler.every(hours=1, every_instance=True)
+            async def local() -> None:
+                pass
+
+        app = FastAPI()
+        app.include_router(first.router)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            first.running({"db": engine}),
+            second.running({"db": engine}),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as client,
+        ):
+            await anyio.sleep(0.3)  # one of them holds `report`, blocked on the gate
+            running = {j["name"]: j for j in (await client.get("/jobs")).json()}
+            gate.set()
+            await anyio.sleep(0.3)
+            done = (await client.get("/jobs/report")).json()
+            instances = (await client.get("/jobs/instances")).json()
+    holder = running["report"]["cluster"]["running_on"]
+    assert holder in (first.instance.id, second.instance.id)
+    assert running["report"]["claims"] is True
+    assert running["local"]["claims"] is False and running["local"]["cluster"] is None
+    assert done["cluster"]["last_outcome"] == "ok"
+    assert done["cluster"]["last_instance"] in (first.instance.id, second.instance.id)
+    assert done["cluster"]["fence"] >= 2
+    assert sorted(i["id"] for i in instances) == sorted([first.instance.id, second.instance.id])
+    assert all(i["pid"] == os.getpid() for i in instances)
