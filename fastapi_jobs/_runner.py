@@ -26,6 +26,10 @@ from ._store import Store
 
 __all__ = ["JobRunner", "RunResult"]
 
+# Timers may fire a hair before the wall clock reaches the tick (the loop
+# sleeps on the monotonic clock); closer than this counts as on time.
+_EARLY = 0.001
+
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
@@ -47,13 +51,14 @@ class JobRunner:
     """Runs one job: on its schedule (:meth:`loop`) or now (:meth:`run`)."""
 
     __slots__ = (
+        "_cancel",
         "_clock",
         "_in_loop_run",
+        "_logger",
         "_lost",
-        "_scope",
+        "_parent_logger",
         "_stopping",
         "job",
-        "logger",
         "stats",
         "store",
     )
@@ -63,57 +68,90 @@ class JobRunner:
     ) -> None:
         self.job = job
         self.stats = JobStats()
-        self.logger = logger.getChild(job.name)
         self.store = None if job.every_instance else store
         """Where ticks are claimed; None: every instance runs every tick."""
         self._clock = clock
+        self._parent_logger = logger
+        self._logger: logging.Logger | None = None
         self._lost: str | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._cancel: Callable[[], object] | None = None
         self._stopping = False
         self._in_loop_run = False
 
+    @property
+    def logger(self) -> logging.Logger:
+        """``<scheduler logger>.<job name>``; made on first use (a logger per job
+        is a lasting entry in logging's registry)."""
+        if self._logger is None:
+            self._logger = self._parent_logger.getChild(self.job.name)
+        return self._logger
+
     # -- the loop ---------------------------------------------------------
 
-    async def loop(self, state: Mapping[str, Any], on_exit: Callable[[], None]) -> None:
+    def arm(self) -> None:
+        """Make ready to loop again (a scheduler can be started more than once)."""
+        self._stopping = False
+
+    def bind(self, cancel: Callable[[], object]) -> None:
+        """Give the loop how to cancel the task (or scope) that runs it."""
+        self._cancel = cancel
+
+    async def loop(self, state: Mapping[str, Any]) -> None:
         """Run the job on its schedule until :meth:`stop` (or cancellation)."""
+        # The hot path of the library: one pass per tick of every job. Keep
+        # it to plain attribute reads and as few awaits and calls as can be.
         clock, schedule, stats = self._clock, self.job.schedule, self.stats
         try:
-            with anyio.CancelScope() as self._scope:
+            if self._stopping:
+                return
+            now = clock.now()
+            tick = schedule.next_after(now)
+            first = await self._first_tick(now)
+            if first is not None:
+                stats.next_run_at = tick
+                await self._run_in_loop(first, state, now)
                 if self._stopping:
                     return
+                tick = self._after_run(first, tick)
+            while True:
+                stats.next_run_at = tick
+                await clock.sleep_until(tick)
                 now = clock.now()
-                tick = schedule.next_after(now)
-                first = await self._first_tick(now)
-                if first is not None:
-                    stats.next_run_at = tick
-                    await self._run_in_loop(first, state)
-                    if self._stopping:
-                        return
-                    tick = self._after_run(first, tick)
-                while True:
-                    stats.next_run_at = tick
-                    await clock.sleep_until(tick)
+                if now < tick - _EARLY:
+                    continue  # woke early: the wall clock was stepped back
+                nxt = schedule.next_after(tick)
+                if nxt <= now:
+                    # Woke late (blocked loop, machine asleep): only the
+                    # latest due tick runs.
+                    missed, tick = schedule.ticks_between(tick, now)
+                    stats.skip("missed", missed)
                     nxt = schedule.next_after(tick)
-                    now = clock.now()
-                    if nxt <= now:
-                        # Woke late (blocked loop, machine asleep): only the
-                        # latest due tick runs.
-                        missed, tick = schedule.ticks_between(tick, now)
-                        stats.skip("missed", missed)
-                        nxt = schedule.next_after(tick)
-                    if stats.running:  # a run started by hand is going
-                        stats.skip("overlap")
-                        tick = nxt
-                        continue
-                    stats.next_run_at = nxt
-                    await self._run_in_loop(tick, state)
-                    if self._stopping:
-                        return
-                    tick = self._after_run(tick, nxt)
+                if stats.running:  # a run started by hand is going
+                    stats.skip("overlap")
+                    tick = nxt
+                    continue
+                stats.next_run_at = nxt
+                if self.store is None:
+                    self._in_loop_run = True
+                    try:
+                        await self.run(tick, state, started=now)
+                    finally:
+                        self._in_loop_run = False
+                else:
+                    await self._run_in_loop(tick, state, now)
+                if self._stopping:
+                    return
+                # The next tick comes from the grid; ticks that passed while
+                # the run went were dropped, not queued.
+                finished = stats.last_finished_at
+                tick = nxt if finished is None or nxt > finished else self._after_run(tick, nxt)
+        except anyio.get_cancelled_exc_class():
+            if not self._stopping:
+                raise  # cancelled from outside: never swallowed
+            # Our own stop() or cut(): the loop ends quietly.
         finally:
-            self._scope = None
+            self._cancel = None
             stats.next_run_at = None
-            on_exit()
 
     def _after_run(self, ran_for: float, nxt: float) -> float:
         """The tick to wait for after the run for ``ran_for``; count overlaps."""
@@ -165,11 +203,11 @@ class JobRunner:
         )
         return latest
 
-    async def _run_in_loop(self, tick: float, state: Mapping[str, Any]) -> None:
+    async def _run_in_loop(self, tick: float, state: Mapping[str, Any], now: float) -> None:
         self._in_loop_run = True
         try:
             if self.store is None:
-                await self.run(tick, state)
+                await self.run(tick, state, started=now)
             else:
                 await self._run_claimed(self.store, tick, state)
         finally:
@@ -265,15 +303,11 @@ class JobRunner:
                 extra={"job": self.job.name},
             )
 
-    def arm(self) -> None:
-        """Make ready to loop again (a scheduler can be started more than once)."""
-        self._stopping = False
-
     def stop(self) -> None:
         """Stop ticking: at once if idle, else after the run in flight."""
         self._stopping = True
-        if not self._in_loop_run and self._scope is not None:
-            self._scope.cancel()
+        if not self._in_loop_run and self._cancel is not None:
+            self._cancel()
 
     @property
     def in_flight(self) -> bool:
@@ -282,8 +316,8 @@ class JobRunner:
 
     def cut(self) -> None:
         """Cancel the run in flight (shutdown deadline passed)."""
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._cancel is not None:
+            self._cancel()
 
     # -- one run ----------------------------------------------------------
 
@@ -294,6 +328,7 @@ class JobRunner:
         *,
         manual: bool = False,
         fence: int | None = None,
+        started: float | None = None,
     ) -> Outcome:
         """Run the job once, guarded: errors and timeouts are logged and
         recorded, never raised; cancellation from outside is recorded and
@@ -301,8 +336,9 @@ class JobRunner:
         job, stats, clock = self.job, self.stats, self._clock
         stats.running = True
         stats.runs += 1
-        stats.last_started_at = clock.now()
-        started = anyio.current_time()
+        if started is None:
+            started = clock.now()
+        stats.last_started_at = started
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
         try:
@@ -310,11 +346,17 @@ class JobRunner:
             if job.takes_context:
                 args = (self._context(tick, state, manual, fence),)
             if job.timeout is None:
-                await self._call(args)
+                if job.is_async:
+                    await job.func(*args)
+                else:
+                    await self._call_sync(args)
                 outcome = "ok"
             else:
                 with anyio.move_on_after(job.timeout) as scope:
-                    await self._call(args)
+                    if job.is_async:
+                        await job.func(*args)
+                    else:
+                        await self._call_sync(args)
                 if scope.cancel_called:
                     outcome = "timed_out"
                     error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
@@ -323,22 +365,20 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
         finally:
-            duration = anyio.current_time() - started
+            stats.last_finished_at = finished = clock.now()
+            # The wall clock may be stepped back mid-run (NTP): never below 0.
+            duration = max(0.0, finished - started)
             stats.running = False
-            stats.last_finished_at = clock.now()
             stats.last_duration = duration
             stats.last_outcome = outcome
             if outcome != "ok":
                 self._report(outcome, error, duration)
         return outcome
 
-    async def _call(self, args: tuple[JobContext, ...]) -> None:
-        if self.job.is_async:
-            await self.job.func(*args)
-        else:
-            # A thread cannot be interrupted: on timeout or shutdown cut, the
-            # wait is abandoned and the thread finishes in the background.
-            await anyio.to_thread.run_sync(self.job.func, *args, abandon_on_cancel=True)
+    async def _call_sync(self, args: tuple[JobContext, ...]) -> None:
+        # A thread cannot be interrupted: on timeout or shutdown cut, the wait
+        # is abandoned and the thread finishes in the background.
+        await anyio.to_thread.run_sync(self.job.func, *args, abandon_on_cancel=True)
 
     def _context(
         self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None

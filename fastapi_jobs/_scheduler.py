@@ -16,6 +16,7 @@ import anyio
 from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
 from ._job import Job
+from ._loops import run_loops
 from ._runner import JobRunner, RunResult
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus
@@ -234,16 +235,6 @@ class Scheduler:
         self._state = {} if state is None else state
         runners = list(self._runners.values())
         stopped = anyio.Event()
-        live = len(runners)
-
-        def on_exit() -> None:
-            nonlocal live
-            live -= 1
-            if live == 0:
-                stopped.set()
-
-        if not runners:
-            stopped.set()
         store = self.store
         self._warn_if_unclaimed_in_several_processes()
         try:
@@ -256,7 +247,7 @@ class Scheduler:
                     tg.start_soon(self._beat, store, beating)
                 for runner in runners:
                     runner.arm()
-                    tg.start_soon(runner.loop, self._state, on_exit)
+                tg.start_soon(run_loops, runners, self._state, stopped)
                 try:
                     yield
                 finally:
