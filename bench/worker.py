@@ -116,7 +116,7 @@ async def start_repeat_every(rec: Recorder, n: int, interval: float, offset: flo
 
     before = set(asyncio.all_tasks())
     for i in range(n):
-        await repeat_every(seconds=interval)(rec.body(i))()
+        await repeat_every(seconds=interval)(rec.body(i))()  # type: ignore[arg-type]
     tasks = set(asyncio.all_tasks()) - before
 
     async def stop() -> None:

@@ -103,7 +103,30 @@ def _is_async(func: object) -> bool:
     return not inspect.isroutine(target) and inspect.iscoroutinefunction(type(target).__call__)
 
 
+# Signature checks cost ~20 µs; jobs made by one factory share their code, so
+# with thousands of jobs the answer is worth keeping per code object.
+_SIGNATURES: dict[tuple[object, ...], bool] = {}
+
+
 def _takes_context(name: str, func: Callable[..., Any]) -> bool:
+    if not inspect.isfunction(func):
+        return _check_signature(name, func)
+    try:
+        key = (
+            func.__code__,
+            func.__defaults__,
+            tuple(func.__kwdefaults__ or ()),
+            tuple(func.__annotations__.items()),
+        )
+        takes = _SIGNATURES.get(key)
+    except TypeError:  # an unhashable default or annotation: check every time
+        return _check_signature(name, func)
+    if takes is None:
+        takes = _SIGNATURES[key] = _check_signature(name, func)
+    return takes
+
+
+def _check_signature(name: str, func: Callable[..., Any]) -> bool:
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):  # some builtins have no signature

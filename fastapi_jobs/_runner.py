@@ -106,7 +106,9 @@ class JobRunner:
                 return
             now = clock.now()
             tick = schedule.next_after(now)
-            first = await self._first_tick(now)
+            first = None
+            if self.job.run_on_startup or self.job.catch_up is not None:
+                first = await self._first_tick(now)
             if first is not None:
                 stats.next_run_at = tick
                 await self._run_in_loop(first, state, now)

@@ -200,3 +200,13 @@ def test_ddl_for_an_unknown_dialect_is_refused() -> None:
     """ddl() knows the two supported databases only."""
     with pytest.raises(ConfigurationError, match="'postgresql' or 'sqlite'"):
         SQLAlchemyStore.ddl("mysql")
+
+
+async def test_a_renewal_after_the_release_does_not_take_the_lease_back(database_url: str) -> None:
+    """Once released, a late renewal of the same claim fails and leaves the job free."""
+    async with opened(database_url) as (store, _):
+        fence = await store.claim("digest", 1.0)
+        assert fence == 1
+        await store.release("digest", fence, "ok", None, 0.1)
+        assert not await store.renew("digest", fence)
+        assert await store.claim("digest", 2.0) == 2

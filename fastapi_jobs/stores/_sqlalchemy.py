@@ -399,7 +399,10 @@ class SQLAlchemyStore:
         ).returning(c.c.fence)
 
         ours = sa.and_(c.c.job == sa.bindparam("b_job"), c.c.fence == sa.bindparam("b_fence"))
-        renew = sa.update(c).where(ours).values(lease_until=now + lease)
+        # A released claim stays released: a late renewal must not re-take it.
+        renew = (
+            sa.update(c).where(ours, c.c.lease_until.is_not(None)).values(lease_until=now + lease)
+        )
         release = (
             sa.update(c)
             .where(ours)

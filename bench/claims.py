@@ -1,0 +1,180 @@
+"""Claims on a local PostgreSQL server: 3 processes × N jobs at 1 s, with and
+without a store. ``python -m bench.claims`` prints the Markdown section;
+``python -m bench.claims worker ...`` is one app process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = [sys.executable, "-m", "bench.claims", "worker"]
+
+
+async def worker(url: str | None, n: int, opens: float, window: float) -> dict[str, Any]:
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from fastapi_jobs import Every, JobContext, Scheduler
+    from fastapi_jobs.stores import SQLAlchemyStore
+
+    on = False
+    runs: list[tuple[int, float]] = []
+    latencies: list[float] = []
+    statements: Counter[str] = Counter()
+    store = None
+    engine = None
+    if url:
+        engine = create_async_engine(url, pool_size=20)
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if not on:
+                return
+            head = statement.lstrip().split(None, 3)[:3]
+            if "fastapi_jobs_claims" in statement and head[0] == "INSERT":
+                statements["claim"] += 1
+            elif "fastapi_jobs_claims" in statement and "finished_at" in statement:
+                statements["release"] += 1
+            elif "fastapi_jobs_claims" in statement and head[0] == "UPDATE":
+                statements["renew"] += 1
+            elif "fastapi_jobs_instances" in statement:
+                statements["heartbeat"] += 1
+            else:
+                statements["other"] += 1
+
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+
+        class TimedStore(SQLAlchemyStore):
+            async def claim(self, job: str, tick: float) -> int | None:
+                t0 = time.perf_counter()
+                fence = await super().claim(job, tick)
+                if on:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                return fence
+
+        store = TimedStore(engine)
+    scheduler = Scheduler(store=store)
+    for i in range(n):
+
+        async def job(ctx: JobContext, i: int = i) -> None:
+            if on:
+                runs.append((i, ctx.tick.timestamp()))
+
+        scheduler.add_job(job, Every(seconds=1), name=f"job{i}")
+    async with scheduler.running({} if engine is None else {"db": engine}):
+        await asyncio.sleep(opens - time.time())
+        on = True
+        cpu0 = time.process_time()
+        await asyncio.sleep(opens + window - time.time())
+        cpu1 = time.process_time()
+        on = False
+    if engine is not None:
+        await engine.dispose()
+    skipped = sum(s.skipped.get("claimed_elsewhere", 0) for s in scheduler.status())
+    return {
+        "runs": runs,
+        "latencies_ms": latencies,
+        "statements": dict(statements),
+        "cpu_s": cpu1 - cpu0,
+        "lost": skipped,
+    }
+
+
+def cluster(url: str | None, n: int, window: int) -> list[dict[str, Any]]:
+    opens = math.floor(time.time()) + 6.5  # after every process has started
+    procs = [
+        subprocess.Popen(
+            [*WORKER, url or "", str(n), str(opens), str(window)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def report(quick: bool = False) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.postgres import PostgresServer
+
+    n, window = (20, 2) if quick else (300, 5)
+    server = PostgresServer()
+    server.start()
+    try:
+        url = server.url(server.create_database())
+        with_store = cluster(url, n, window)
+        without = cluster(None, n, window)
+    finally:
+        server.destroy()
+    per_tick = Counter((j, t) for r in with_store for j, t in r["runs"])
+    expected = n * window
+    wins = sum(len(r["runs"]) for r in with_store)
+    statements: Counter[str] = Counter()
+    for r in with_store:
+        statements.update(r["statements"])
+    lost = statements["claim"] - wins
+    latencies = sorted(x for r in with_store for x in r["latencies_ms"])
+    cpu_store = sum(r["cpu_s"] for r in with_store) / max(1, wins) * 1e6
+    cpu_plain = (
+        sum(r["cpu_s"] for r in without) / max(1, sum(len(r["runs"]) for r in without)) * 1e6
+    )
+    cpu_sched_store = sum(r["cpu_s"] for r in with_store) / expected * 1e6
+    cpu_sched_plain = sum(r["cpu_s"] for r in without) / expected * 1e6
+
+    def pct(q: float) -> float:
+        return float(latencies[min(len(latencies) - 1, round(q * (len(latencies) - 1)))])
+
+    return [
+        f"## Claims: 3 processes × {n} jobs at 1 s, local PostgreSQL 15 (asyncpg)",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| (job, tick) pairs due in the window | {expected:,} |",
+        f"| pairs run, and most runs of one pair | {len(per_tick):,}, "
+        f"{max(per_tick.values(), default=0)} |",
+        f"| claim latency p50 / p99 | {pct(0.5):.2f} / {pct(0.99):.2f} ms |",
+        f"| statements per run, winner (claim + release) | "
+        f"{(wins + statements['release']) / max(1, wins):.2f} |",
+        f"| statements per losing claim | {lost / max(1, lost):.2f} ({lost:,} losses) |",
+        f"| renewals, heartbeats, other statements in the window | {statements['renew']}, "
+        f"{statements['heartbeat']}, {statements['other']} |",
+        f"| cluster CPU per (job, tick), with store / without | {cpu_sched_store:.1f} / "
+        f"{cpu_sched_plain:.1f} µs ({cpu_sched_store / cpu_sched_plain:.2f}×) |",
+        f"| CPU per executed run, with store / without (every process runs every tick) "
+        f"| {cpu_store:.1f} / {cpu_plain:.1f} µs |",
+        "",
+        "Without a store each of the 3 processes runs every tick: 3 runs per (job, tick).",
+        f"Claim latency median of {statistics.median(latencies) if latencies else 0:.2f} ms "
+        "is one round trip; the winner's release is a second.",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["worker", "report"])
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args()
+    if args.mode == "worker":
+        url, n, opens, window = args.rest
+        result = asyncio.run(worker(url or None, int(n), float(opens), float(window)))
+        print(json.dumps(result))
+    else:
+        print("\n".join(report(quick="quick" in args.rest)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Request latency of a FastAPI app with no jobs and with 1,000 jobs a second.
+
+A uvicorn process serves a trivial endpoint; a separate client process sends
+requests at a fixed rate on loopback and measures each response's latency.
+``python -m bench.requests`` prints the Markdown section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = [sys.executable, "-m", "uvicorn", "--factory", "bench.requests:make_app"]
+CLIENT = [sys.executable, "-m", "bench.requests", "client"]
+
+
+def make_app() -> Any:
+    """The served app: BENCH_JOBS jobs at 1 s with a trivial body, and GET /ping."""
+    from fastapi import FastAPI
+
+    from fastapi_jobs import Every, Scheduler
+
+    scheduler = Scheduler()
+    for i in range(int(os.environ.get("BENCH_JOBS", "0"))):
+
+        async def job() -> None:
+            pass
+
+        scheduler.add_job(job, Every(seconds=1), name=f"job{i}")
+    app = FastAPI(lifespan=scheduler.lifespan)
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+async def client(port: int, rate: float, seconds: float) -> list[float]:
+    import httpx
+
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        for _ in range(20):  # warm the connection pool
+            await http.get("/ping")
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            response = await http.get("/ping")
+            response.raise_for_status()
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+        async with asyncio.TaskGroup() as tg:
+            start = time.perf_counter()
+            for k in range(int(rate * seconds)):
+                await asyncio.sleep(max(0.0, start + k / rate - time.perf_counter()))
+                tg.create_task(one())
+    return latencies
+
+
+def measure(jobs: int, rate: float, seconds: float) -> list[float]:
+    sys.path.insert(0, str(ROOT))
+    from tests.postgres import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [*SERVER, "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env={**os.environ, "BENCH_JOBS": str(jobs)},
+    )
+    try:
+        time.sleep(3)  # started, and the jobs through their first burst
+        out = subprocess.run(
+            [*CLIENT, str(port), str(rate), str(seconds)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    latencies: list[float] = json.loads(out.stdout)
+    return latencies
+
+
+def report(quick: bool = False) -> list[str]:
+    rate, seconds = (50.0, 2.0) if quick else (200.0, 10.0)
+    jobs = 50 if quick else 1000
+    rows = []
+    p99s = []
+    for n in (0, jobs):
+        latencies = sorted(measure(n, rate, seconds))
+        p50 = statistics.median(latencies)
+        p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+        p99s.append(p99)
+        rows.append(f"| {n:,} | {len(latencies):,} | {p50:.2f} | {p99:.2f} |")
+    return [
+        f"## Requests: GET /ping at {rate:.0f} requests/s for {seconds:.0f} s, "
+        "client in its own process",
+        "",
+        "| jobs at 1 s in the app | requests | p50 ms | p99 ms |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        f"p99 with {jobs:,} jobs a second / p99 without: {p99s[1] / p99s[0]:.2f}×",
+    ]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["client"]:
+        port, rate, seconds = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+        print(json.dumps(asyncio.run(client(port, rate, seconds))))
+    else:
+        print("\n".join(report(quick="quick" in sys.argv)))

@@ -1,0 +1,29 @@
+"""The benchmark command runs (on a tiny N): it is no timing assertion, only a smoke test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from .postgres import PostgresServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_command_runs_on_a_tiny_n(tmp_path: Path, postgres: PostgresServer) -> None:
+    """`python -m bench --quick --claims --requests` writes a table with every implementation."""
+    out = tmp_path / "BENCHMARKS.md"
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--claims", "--requests", "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    text = out.read_text()
+    for impl in ("floor", "fastapi_jobs", "apscheduler", "repeat_every"):
+        assert f"| {impl} | 20 |" in text
+    assert "| 20 / 20 |" in text  # every expected tick ran, for the floor at least
+    assert "statements per run, winner (claim + release) | 2.00 |" in text
+    assert "## Requests" in text
