@@ -132,9 +132,11 @@ class JobStats:
         self.last_duration: float | None = None
         self.last_outcome: Outcome | None = None
         self.last_error: BaseException | None = None
-        self.skipped: dict[str, int] = {}
+        self.skipped: dict[str, int] | None = None  # made on the first skip: most jobs never skip
 
     def skip(self, reason: SkipReason, count: int = 1) -> None:
+        if self.skipped is None:
+            self.skipped = {}
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def snapshot(self, name: str, schedule: str, claims: bool) -> JobStatus:
@@ -153,7 +155,7 @@ class JobStats:
             else ErrorInfo(type=type(error).__name__, message=str(error)),
             runs=self.runs,
             failures=self.failures,
-            skipped_ticks=sum(self.skipped.values()),
-            skipped=dict(self.skipped),
+            skipped_ticks=sum(self.skipped.values()) if self.skipped else 0,
+            skipped=dict(self.skipped or {}),
             claims=claims,
         )
