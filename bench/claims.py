@@ -158,8 +158,8 @@ def report(quick: bool = False) -> list[str]:
         f"| {cpu_store:.1f} / {cpu_plain:.1f} µs |",
         "",
         "Without a store each of the 3 processes runs every tick: 3 runs per (job, tick).",
-        f"Claim latency median of {statistics.median(latencies) if latencies else 0:.2f} ms "
-        "is one round trip; the winner's release is a second.",
+        "Claim latency is from the call to the answer, queueing included: all claims of a",
+        f"tick are sent at the same instant (median {statistics.median(latencies) if latencies else 0:.2f} ms).",
     ]
 
 
