@@ -135,6 +135,8 @@ def report(quick: bool = False) -> list[str]:
     cpu_sched_store = sum(r["cpu_s"] for r in with_store) / expected * 1e6
     cpu_sched_plain = sum(r["cpu_s"] for r in without) / expected * 1e6
 
+    median = statistics.median(latencies) if latencies else 0.0
+
     def pct(q: float) -> float:
         return float(latencies[min(len(latencies) - 1, round(q * (len(latencies) - 1)))])
 
@@ -159,7 +161,7 @@ def report(quick: bool = False) -> list[str]:
         "",
         "Without a store each of the 3 processes runs every tick: 3 runs per (job, tick).",
         "Claim latency is from the call to the answer, queueing included: all claims of a",
-        f"tick are sent at the same instant (median {statistics.median(latencies) if latencies else 0:.2f} ms).",
+        f"tick are sent at the same instant (median {median:.2f} ms).",
     ]
 
 
