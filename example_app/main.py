@@ -6,6 +6,7 @@ another database, e.g. ``postgresql+asyncpg://user:pass@localhost/app``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
@@ -55,18 +57,31 @@ def utcnow() -> datetime:
 async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     """The app's own lifespan: one engine (pool) for requests and jobs alike."""
     engine = create_async_engine(DATABASE_URL)
-    async with engine.begin() as conn:
-        # IF NOT EXISTS: with --workers N, every worker runs this at once.
-        for table in metadata.sorted_tables:
-            await conn.execute(CreateTable(table, if_not_exists=True))
-            for index in table.indexes:
-                await conn.execute(CreateIndex(index, if_not_exists=True))
+    await create_tables(engine)
     yield {"db": engine}
     await engine.dispose()
 
 
 # Claims live in the app's own database, through the app's own engine: with
 # `uvicorn example_app.main:app --workers 4` each tick runs in one worker.
+async def create_tables(engine: AsyncEngine) -> None:
+    """Create the app's tables. With --workers N every worker does this at once:
+    IF NOT EXISTS, and a retry, since PostgreSQL's IF NOT EXISTS can still
+    collide with a concurrent CREATE."""
+    for attempt in range(5):
+        try:
+            async with engine.begin() as conn:
+                for table in metadata.sorted_tables:
+                    await conn.execute(CreateTable(table, if_not_exists=True))
+                    for index in table.indexes:
+                        await conn.execute(CreateIndex(index, if_not_exists=True))
+            return
+        except DBAPIError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.1 * (attempt + 1))
+
+
 scheduler = Scheduler(
     lifespan=resources, logger=logger, store=SQLAlchemyStore(lambda state: state["db"])
 )

@@ -69,8 +69,13 @@ class App:
 
 def start(url: str, count: int, **env: object) -> list[App]:
     apps = [App(url, **env) for _ in range(count)]
-    for app in apps:
-        app.wait_started()
+    try:
+        for app in apps:
+            app.wait_started()
+    except BaseException:
+        for app in apps:  # nobody else holds them yet: do not leak processes or logs
+            app.stop()
+        raise
     return apps
 
 

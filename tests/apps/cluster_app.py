@@ -71,9 +71,18 @@ class OffsetClock(SystemClock):
 @asynccontextmanager
 async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     engine = create_async_engine(ENV["DATABASE_URL"])
-    async with engine.begin() as conn:
-        for table in metadata.sorted_tables:  # all processes start at once
-            await conn.execute(CreateTable(table, if_not_exists=True))
+    for attempt in range(5):
+        try:
+            async with engine.begin() as conn:
+                for table in metadata.sorted_tables:
+                    await conn.execute(CreateTable(table, if_not_exists=True))
+            break
+        except sa.exc.DBAPIError:
+            # All processes start at once, and PostgreSQL's IF NOT EXISTS is not
+            # safe against a concurrent CREATE (pg_type unique violation).
+            if attempt == 4:
+                raise
+            await anyio.sleep(0.1 * (attempt + 1))
     yield {"db": engine}
     await engine.dispose()
 
