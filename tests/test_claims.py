@@ -381,3 +381,32 @@ async def test_status_shows_the_last_run_across_instances_and_the_instances(
     assert done["cluster"]["fence"] >= 2
     assert sorted(i["id"] for i in instances) == sorted([first.instance.id, second.instance.id])
     assert all(i["pid"] == os.getpid() for i in instances)
+
+
+async def test_claims_due_at_one_instant_share_one_statement(database_url: str) -> None:
+    """40 jobs due at the same tick are claimed in one multi-row statement, not 40."""
+    from sqlalchemy import event
+
+    claim_statements = 0
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        nonlocal claim_statements
+        if statement.lstrip().startswith("INSERT INTO fastapi_jobs_claims"):
+            claim_statements += 1
+
+    runs: list[tuple[str, datetime, int | None]] = []
+    async with engine_for(database_url) as engine:
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        scheduler = instance(engine)
+        for n in range(40):
+
+            async def job(ctx: JobContext) -> None:
+                runs.append((ctx.name, ctx.tick, ctx.fence))
+
+            scheduler.add_job(job, Every(seconds=0.2), name=f"job{n}")
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(0.9)
+    ticks = {tick for _, tick, _ in runs}
+    assert len(runs) == 40 * len(ticks) and len(ticks) >= 3
+    assert all(fence is not None for *_, fence in runs)
+    assert claim_statements <= len(ticks) + 1  # one per tick (+ a tick cut by the stop)

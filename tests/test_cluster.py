@@ -52,11 +52,15 @@ def runs(url: str) -> list[Run]:
     return rows(url, "SELECT job, tick, fence, instance, pid, started, finished FROM runs")
 
 
-def assert_one_run_per_tick(url: str) -> list[Run]:
+def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run]:
+    """No (job, tick) ran twice; and unless the database dropped answers
+    (``lost_answers``: a claim made whose reply never arrived), every claim ran."""
     all_runs = runs(url)
     per_tick = Counter((job, tick) for job, tick, *_ in all_runs)
     twice = {key: n for key, n in per_tick.items() if n > 1}
     assert not twice, f"ticks run more than once: {twice}"
+    if lost_answers:
+        return all_runs
     for job in {r[0] for r in all_runs}:
         fences = sorted(r[2] for r in all_runs if r[0] == job)
         assert fences == list(range(fences[0], fences[0] + len(fences))), "a claim without a run"
@@ -225,7 +229,9 @@ def test_database_restarts_during_claims_renewals_and_releases(
     time.sleep(1.5)
     for app in apps:
         app.terminate()
-    all_runs = assert_one_run_per_tick(url)
+    # A claim sent as the server went down may be made without its reply
+    # arriving: that tick is skipped (at most once), never run twice.
+    all_runs = assert_one_run_per_tick(url, lost_answers=True)
     assert [r for r in all_runs if r[5] > restarted_at + 0.3], "runs did not resume"
 
 

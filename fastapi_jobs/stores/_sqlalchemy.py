@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -141,6 +142,9 @@ class SQLAlchemyStore:
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
         self._ready = False
+        self._batch: _Batch | None = None
+        self._claims_by_size: dict[int, Any] = {}
+        self._insert: Any = None  # the dialect's insert(), with ON CONFLICT
         self._ensure_lock = anyio.Lock()
         self._statements: dict[str, Any] = {}
 
@@ -164,6 +168,7 @@ class SQLAlchemyStore:
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._instance = instance
         self._ready = False
+        self._claims_by_size = {}
         self._statements = self._build(dialect)
 
     async def close(self) -> None:
@@ -183,15 +188,45 @@ class SQLAlchemyStore:
     # -- claims -----------------------------------------------------------
 
     async def claim(self, job: str, tick: float) -> int | None:
-        conn: AsyncConnection
+        # Jobs on one grid come due at the same instant: their claims, made in
+        # the same turn of the event loop, share one multi-row statement. The
+        # first claim of a turn leads: it lets the others join, then sends all.
+        batch = self._batch
+        if batch is not None:
+            batch.rows[job] = tick
+            await batch.done.wait()
+            if batch.error is not None:
+                raise StoreError(f"the claim could not be made: {batch.error!r}")
+            return batch.fences.get(job)
+        batch = self._batch = _Batch()
+        batch.rows[job] = tick
+        try:
+            await anyio.lowlevel.checkpoint()  # the others due now join the batch
+            self._batch = None
+            await self._claim_all(batch)
+        except BaseException as exc:
+            batch.error = exc
+            raise
+        finally:
+            if self._batch is batch:
+                self._batch = None
+            batch.done.set()
+        return batch.fences.get(job)
+
+    async def _claim_all(self, batch: _Batch) -> None:
+        # Rows in one order for every instance: two batches never wait on
+        # each other's row locks in opposite orders (no deadlock).
+        rows = sorted(batch.rows.items())
         async with self._connect() as conn:
-            fence = (
-                await conn.execute(
-                    self._statements["claim"],
-                    {"b_job": job, "b_tick": tick, "b_owner": self._owner, "b_lease": self.lease},
-                )
-            ).scalar()
-        return None if fence is None else int(fence)
+            for start in range(0, len(rows), _MAX_ROWS):
+                chunk = rows[start : start + _MAX_ROWS]
+                params: dict[str, object] = {"b_owner": self._owner, "b_lease": self.lease}
+                for k, (job, tick) in enumerate(chunk):
+                    params[f"b_job{k}"] = job
+                    params[f"b_tick{k}"] = tick
+                result = await conn.execute(self._claim_statement(len(chunk)), params)
+                for job, fence in result:
+                    batch.fences[job] = int(fence)
 
     async def renew(self, job: str, fence: int) -> bool:
         async with self._connect() as conn:
@@ -368,36 +403,6 @@ class SQLAlchemyStore:
         now = db_now()
         lease = sa.bindparam("b_lease", type_=sa.Double)
 
-        new = insert(c).values(
-            job=sa.bindparam("b_job"),
-            last_tick=sa.bindparam("b_tick", type_=sa.Double),
-            fence=1,
-            owner=sa.bindparam("b_owner"),
-            lease_until=now + lease,
-            started_at=now,
-        )
-        # One statement claims: the tick must be newer than the last one
-        # claimed (so a tick never runs twice) and the previous lease must be
-        # free (so runs never overlap across instances).
-        claim = new.on_conflict_do_update(
-            index_elements=[c.c.job],
-            set_={
-                "last_tick": new.excluded.last_tick,
-                "fence": c.c.fence + 1,
-                "owner": new.excluded.owner,
-                "lease_until": new.excluded.lease_until,
-                "started_at": new.excluded.started_at,
-                "finished_at": None,
-                "duration": None,
-                "outcome": None,
-                "error": None,
-            },
-            where=sa.and_(
-                c.c.last_tick < new.excluded.last_tick,
-                sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
-            ),
-        ).returning(c.c.fence)
-
         ours = sa.and_(c.c.job == sa.bindparam("b_job"), c.c.fence == sa.bindparam("b_fence"))
         # A released claim stays released: a late renewal must not re-take it.
         renew = (
@@ -424,7 +429,69 @@ class SQLAlchemyStore:
         beat = seen.on_conflict_do_update(
             index_elements=[i.c.id], set_={"seen_at": seen.excluded.seen_at}
         ).returning(i.c.seen_at)
-        return {"claim": claim, "renew": renew, "release": release, "beat": beat}
+        self._insert = insert
+        return {"renew": renew, "release": release, "beat": beat}
+
+    def _claim_statement(self, rows: int) -> Any:
+        """The claim of ``rows`` jobs in one statement (cached per size)."""
+        statement = self._claims_by_size.get(rows)
+        if statement is not None:
+            return statement
+        c, now = self.claims, db_now()
+        lease = sa.bindparam("b_lease", type_=sa.Double)
+        owner: sa.BindParameter[str] = sa.bindparam("b_owner")
+        new = self._insert(c).values(
+            [
+                {
+                    "job": sa.bindparam(f"b_job{k}"),
+                    "last_tick": sa.bindparam(f"b_tick{k}", type_=sa.Double),
+                    "fence": 1,
+                    "owner": owner,
+                    "lease_until": now + lease,
+                    "started_at": now,
+                }
+                for k in range(rows)
+            ]
+        )
+        # One statement claims: a tick must be newer than the last one claimed
+        # (so a tick never runs twice) and the previous lease must be free (so
+        # runs never overlap across instances). Rows that fail return nothing.
+        statement = new.on_conflict_do_update(
+            index_elements=[c.c.job],
+            set_={
+                "last_tick": new.excluded.last_tick,
+                "fence": c.c.fence + 1,
+                "owner": new.excluded.owner,
+                "lease_until": new.excluded.lease_until,
+                "started_at": new.excluded.started_at,
+                "finished_at": None,
+                "duration": None,
+                "outcome": None,
+                "error": None,
+            },
+            where=sa.and_(
+                c.c.last_tick < new.excluded.last_tick,
+                sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
+            ),
+        ).returning(c.c.job, c.c.fence)
+        self._claims_by_size[rows] = statement
+        return statement
+
+
+# Parameters per row: 2; PostgreSQL and SQLite allow 32,766 per statement.
+_MAX_ROWS = 1000
+
+
+class _Batch:
+    """The claims of one turn of the event loop, sent together."""
+
+    __slots__ = ("done", "error", "fences", "rows")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, float] = {}
+        self.fences: dict[str, int] = {}
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
 
 
 class _Connection:
