@@ -409,4 +409,7 @@ async def test_claims_due_at_one_instant_share_one_statement(database_url: str) 
     ticks = {tick for _, tick, _ in runs}
     assert len(runs) == 40 * len(ticks) and len(ticks) >= 3
     assert all(fence is not None for *_, fence in runs)
-    assert claim_statements <= len(ticks) + 1  # one per tick (+ a tick cut by the stop)
+    # About one statement per tick: timers due at one instant may fire a few
+    # microseconds apart and split a tick's batch in two, never in forty.
+    assert claim_statements <= 2 * len(ticks) + 1
+    assert claim_statements * 10 <= len(runs)
