@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -406,10 +407,12 @@ async def test_claims_due_at_one_instant_share_one_statement(database_url: str) 
             scheduler.add_job(job, Every(seconds=0.2), name=f"job{n}")
         async with scheduler.running({"db": engine}):
             await anyio.sleep(0.9)
-    ticks = {tick for _, tick, _ in runs}
-    assert len(runs) == 40 * len(ticks) and len(ticks) >= 3
+    ticks = sorted({tick for _, tick, _ in runs})
+    assert len(ticks) >= 3
+    per_tick = Counter(tick for _, tick, _ in runs)
+    # The first tick may come before every loop started, the last be cut by the stop.
+    assert all(per_tick[t] == 40 for t in ticks[1:-1])
     assert all(fence is not None for *_, fence in runs)
-    # About one statement per tick: timers due at one instant may fire a few
-    # microseconds apart and split a tick's batch in two, never in forty.
+    # About one statement per tick, never one per job.
     assert claim_statements <= 2 * len(ticks) + 1
     assert claim_statements * 10 <= len(runs)

@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -188,9 +187,9 @@ class SQLAlchemyStore:
     # -- claims -----------------------------------------------------------
 
     async def claim(self, job: str, tick: float) -> int | None:
-        # Jobs on one grid come due at the same instant: their claims, made in
-        # the same turn of the event loop, share one multi-row statement. The
-        # first claim of a turn leads: it lets the others join, then sends all.
+        # Jobs on one grid come due at the same instant: their claims share one
+        # multi-row statement. The first claim leads: it lets the others join
+        # for a couple of milliseconds, then sends them all.
         batch = self._batch
         if batch is not None:
             batch.rows[job] = tick
@@ -201,7 +200,7 @@ class SQLAlchemyStore:
         batch = self._batch = _Batch()
         batch.rows[job] = tick
         try:
-            await anyio.lowlevel.checkpoint()  # the others due now join the batch
+            await anyio.sleep(_GATHER)  # the others due now join the batch
             self._batch = None
             await self._claim_all(batch)
         except BaseException as exc:
@@ -480,6 +479,9 @@ class SQLAlchemyStore:
 
 # Parameters per row: 2; PostgreSQL and SQLite allow 32,766 per statement.
 _MAX_ROWS = 1000
+# Loops due at one instant wake a few microseconds apart (each computed its
+# own delay): the first claim waits this long for the others to join it.
+_GATHER = 0.002
 
 
 class _Batch:
