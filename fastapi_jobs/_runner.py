@@ -109,8 +109,7 @@ class JobRunner:
         """Run the job on its schedule until :meth:`stop` (or cancellation)."""
         # The hot path of the library: one pass per tick of every job. Keep
         # it to plain attribute reads and as few awaits and calls as can be.
-        clock, schedule, stats, job = self._clock, self.job.schedule, self.stats, self.job
-        fast = self.store is None and job.is_async and job.timeout is None
+        clock, schedule, stats = self._clock, self.job.schedule, self.stats
         try:
             if self._stopping:
                 return
@@ -143,32 +142,7 @@ class JobRunner:
                     tick = nxt
                     continue
                 stats.next_run_at = nxt
-                if fast:
-                    # run(), inlined for the common job (async, unclaimed, no
-                    # timeout): one coroutine less to make and drop per tick.
-                    self._in_loop_run = True
-                    self._start(now)
-                    outcome: Outcome = "cancelled"
-                    error: BaseException | None = None
-                    try:
-                        if job.takes_context:
-                            await job.func(self._context(tick, state, False, None))
-                        else:
-                            await job.func()
-                        outcome = "ok"
-                    except Exception as exc:  # noqa: BLE001 - recorded, never raised
-                        outcome, error = "failed", exc
-                    finally:
-                        self._finish(now, outcome, error)
-                        self._in_loop_run = False
-                elif self.store is None:
-                    self._in_loop_run = True
-                    try:
-                        await self.run(tick, state, started=now)
-                    finally:
-                        self._in_loop_run = False
-                else:
-                    await self._run_in_loop(tick, state, now)
+                await self._run_in_loop(tick, state, now)
                 if self._stopping:
                     return
                 # The next tick comes from the grid; ticks that passed while
@@ -363,28 +337,25 @@ class JobRunner:
         """Run the job once, guarded: errors and timeouts are logged and
         recorded, never raised; cancellation from outside is recorded and
         re-raised."""
-        job = self.job
+        job, stats = self.job, self.stats
         if started is None:
             started = self._clock.now()
-        self._start(started)
+        stats.running = True
+        stats.runs += 1
+        stats.last_started_at = started
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
         try:
             args: tuple[JobContext, ...] = ()
             if job.takes_context:
                 args = (self._context(tick, state, manual, fence),)
+            call = job.func(*args) if job.is_async else self._call_sync(args)
             if job.timeout is None:
-                if job.is_async:
-                    await job.func(*args)
-                else:
-                    await self._call_sync(args)
+                await call
                 outcome = "ok"
             else:
                 with anyio.move_on_after(job.timeout) as scope:
-                    if job.is_async:
-                        await job.func(*args)
-                    else:
-                        await self._call_sync(args)
+                    await call
                 if scope.cancel_called:
                     outcome = "timed_out"
                     error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
@@ -393,25 +364,15 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
         finally:
-            self._finish(started, outcome, error)
+            stats.last_finished_at = finished = self._clock.now()
+            # The wall clock may be stepped back mid-run (NTP): never below 0.
+            duration = max(0.0, finished - started)
+            stats.running = False
+            stats.last_duration = duration
+            stats.last_outcome = outcome
+            if outcome != "ok":
+                self._report(outcome, error, duration)
         return outcome
-
-    def _start(self, started: float) -> None:
-        stats = self.stats
-        stats.running = True
-        stats.runs += 1
-        stats.last_started_at = started
-
-    def _finish(self, started: float, outcome: Outcome, error: BaseException | None) -> None:
-        stats = self.stats
-        stats.last_finished_at = finished = self._clock.now()
-        # The wall clock may be stepped back mid-run (NTP): never below 0.
-        duration = max(0.0, finished - started)
-        stats.running = False
-        stats.last_duration = duration
-        stats.last_outcome = outcome
-        if outcome != "ok":
-            self._report(outcome, error, duration)
 
     async def _call_sync(self, args: tuple[JobContext, ...]) -> None:
         # A thread cannot be interrupted: on timeout or shutdown cut, the wait
