@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .postgres import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 # uvicorn re-raises the captured SIGTERM once it has shut down gracefully.
 GRACEFUL = (0, -signal.SIGTERM)
@@ -23,14 +25,6 @@ def events(db: Path) -> list[tuple[str, str, float]]:
             return list(conn.execute("SELECT job, event, at FROM events ORDER BY rowid"))
     except sqlite3.OperationalError:  # no table yet
         return []
-
-
-def wait_for(predicate: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.02)
 
 
 @contextmanager
@@ -57,7 +51,7 @@ def test_sigterm_waits_for_the_run_in_flight_and_starts_nothing_new(tmp_path: Pa
     """SIGTERM mid-run: the run finishes and writes its row; no run starts after shutdown begins."""
     db = tmp_path / "events.sqlite3"
     with uvicorn_app(db, SLOW_RUN_SECONDS="2") as proc:
-        wait_for(lambda: any(e[:2] == ("slow", "start") for e in events(db)))
+        wait_until(lambda: any(e[:2] == ("slow", "start") for e in events(db)))
         time.sleep(0.3)  # let the ticker run a few times alongside
         proc.send_signal(signal.SIGTERM)
         signalled = time.time()
@@ -84,7 +78,7 @@ def test_sigterm_cuts_a_run_past_the_shutdown_timeout_and_names_it(tmp_path: Pat
     """With a short shutdown_timeout, the long run is cancelled and the log names it."""
     db = tmp_path / "events.sqlite3"
     with uvicorn_app(db, SLOW_RUN_SECONDS="600", SHUTDOWN_TIMEOUT="0.5") as proc:
-        wait_for(lambda: any(e[:2] == ("slow", "start") for e in events(db)))
+        wait_until(lambda: any(e[:2] == ("slow", "start") for e in events(db)))
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         assert proc.wait(timeout=30) in GRACEFUL
@@ -110,7 +104,7 @@ def test_uvicorn_workers_without_a_store_warn_once_per_worker(tmp_path: Path) ->
         text=True,
     )
     try:
-        wait_for(lambda: sum(1 for e in events(db) if e[0] == "slow") >= 4)
+        wait_until(lambda: sum(1 for e in events(db) if e[0] == "slow") >= 4)
     finally:
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
