@@ -24,10 +24,10 @@ DB = os.environ["JOBS_TEST_DB"]
 RUN_SECONDS = float(os.environ.get("SLOW_RUN_SECONDS", "2"))
 
 
-def record(job: str, event: str) -> None:
+def record(job: str, event: str, at: float | None = None) -> None:
     with sqlite3.connect(DB, timeout=10) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS events (job TEXT, event TEXT, at REAL)")
-        conn.execute("INSERT INTO events VALUES (?, ?, ?)", (job, event, time.time()))
+        conn.execute("INSERT INTO events VALUES (?, ?, ?)", (job, event, at or time.time()))
 
 
 logging.basicConfig(level=logging.INFO)
@@ -42,8 +42,9 @@ async def slow() -> None:
 
 
 @scheduler.every(seconds=0.05)
-def ticker() -> None:
-    record("ticker", "start")
+async def ticker() -> None:
+    # The moment the run started on the loop, not when a thread got to write it.
+    await anyio.to_thread.run_sync(record, "ticker", "start", time.time())
 
 
 @asynccontextmanager
