@@ -9,17 +9,24 @@ Two tables, nothing else is touched:
 Every time comparison uses the database's clock (``db_now()``); the app's clock
 only computes ticks, which are the same in every process. Times are stored as
 POSIX seconds (double precision) so that both databases compare them alike.
+
+Each operation runs in an asyncio task of its own with its own deadline, and
+callers only wait for it: see ``_run`` for why a statement is never cancelled
+by its caller. SQLAlchemy's async engine runs on asyncio only, so this module
+uses asyncio directly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
-import anyio
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -39,6 +46,7 @@ __all__ = ["SQLAlchemyStore"]
 logger = logging.getLogger("fastapi_jobs.stores")
 
 EngineSource = AsyncEngine | str | Callable[[Mapping[str, Any]], AsyncEngine]
+T = TypeVar("T")
 
 
 class db_now(FunctionElement[float]):
@@ -56,6 +64,29 @@ def _pg_now(element: db_now, compiler: Any, **kw: Any) -> str:
 @compiles(db_now, "sqlite")
 def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
     return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+class db_received(FunctionElement[float]):
+    """When the statement reached the database, as POSIX seconds.
+
+    A claim that waited behind a lock past the store timeout is not made: its
+    caller has given up, and a claim nobody runs would hold the job for a lease.
+    """
+
+    type = sa.Double()
+    inherit_cache = True
+
+
+@compiles(db_received, "postgresql")
+def _pg_received(element: db_received, compiler: Any, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(db_received, "sqlite")
+def _sqlite_received(element: db_received, compiler: Any, **kw: Any) -> str:
+    # SQLite runs in this process and reads this host's clock: the time the
+    # statement was sent is the time it was received.
+    return str(compiler.process(sa.bindparam("b_sent", type_=sa.Double), **kw))
 
 
 def _tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
@@ -144,12 +175,19 @@ class SQLAlchemyStore:
         self._batch: _Batch | None = None
         self._claims_by_size: dict[int, Any] = {}
         self._insert: Any = None  # the dialect's insert(), with ON CONFLICT
-        self._ensure_lock = anyio.Lock()
+        self._ensure_lock = asyncio.Lock()
         self._statements: dict[str, Any] = {}
+        self._in_flight: set[asyncio.Task[Any]] = set()
 
     # -- life -------------------------------------------------------------
 
     async def open(self, state: Mapping[str, Any], instance: Instance) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise StoreError(
+                "SQLAlchemyStore needs asyncio: SQLAlchemy's async engine does not run on trio"
+            ) from None
         source = self._source
         if isinstance(source, str):
             engine = self._owned = create_async_engine(source)
@@ -169,14 +207,18 @@ class SQLAlchemyStore:
         self._ready = False
         self._claims_by_size = {}
         self._statements = self._build(dialect)
+        self._ensure_lock = asyncio.Lock()  # bound to this loop
 
     async def close(self) -> None:
         try:
+            while self._in_flight:
+                # Operations whose callers gave up; each ends by its own deadline.
+                await asyncio.wait(set(self._in_flight))
             if self._engine is not None and self._instance is not None and self._ready:
-                async with self._engine.connect() as conn:
-                    await conn.execute(
-                        sa.delete(self.instances).where(self.instances.c.id == self._instance.id)
-                    )
+                instance = self.instances.c.id == self._instance.id
+                await self._run(
+                    lambda conn: conn.execute(sa.delete(self.instances).where(instance))
+                )
         except Exception as exc:  # noqa: BLE001 - peers see the row go stale instead
             logger.warning("could not remove this instance's row: %r", exc)
         finally:
@@ -188,108 +230,105 @@ class SQLAlchemyStore:
 
     async def claim(self, job: str, tick: float) -> int | None:
         # Jobs on one grid come due at the same instant: their claims share one
-        # multi-row statement. The first claim leads: it lets the others join
-        # for a couple of milliseconds, then sends them all.
+        # multi-row statement. The first claim starts the batch, which waits a
+        # couple of milliseconds for the others to join, then sends them all.
         batch = self._batch
-        if batch is not None:
-            batch.rows[job] = tick
-            await batch.done.wait()
-            if batch.error is not None:
-                raise StoreError(f"the claim could not be made: {batch.error!r}")
-            return batch.fences.get(job)
-        batch = self._batch = _Batch()
+        if batch is None:
+            batch = self._batch = _Batch()
+            batch.sent = self._spawn(self._send(batch))
         batch.rows[job] = tick
+        sent = batch.sent
+        assert sent is not None
         try:
-            await anyio.sleep(_GATHER)  # the others due now join the batch
-            self._batch = None
-            await self._claim_all(batch)
-        except BaseException as exc:
-            batch.error = exc
+            fences = await asyncio.shield(sent)
+        except BaseException:
+            # The caller gave up (its deadline, shutdown). Should the claim be made
+            # all the same, nobody runs it: free it, or the job waits out a lease.
+            sent.add_done_callback(partial(self._abandoned, job))
             raise
-        finally:
-            if self._batch is batch:
-                self._batch = None
-            batch.done.set()
-        return batch.fences.get(job)
+        return fences.get(job)
 
-    async def _claim_all(self, batch: _Batch) -> None:
+    def _abandoned(self, job: str, sent: asyncio.Task[dict[str, int]]) -> None:
+        if sent.cancelled() or sent.exception() is not None:
+            return
+        fence = sent.result().get(job)
+        if fence is not None:
+            error = "StoreError: the claim came back after its deadline; the tick did not run"
+            self._spawn(self.release(job, fence, "cancelled", error, 0.0))
+
+    async def _send(self, batch: _Batch) -> dict[str, int]:
+        await asyncio.sleep(_GATHER)  # the others due now join the batch
+        self._batch = None
         # Rows in one order for every instance: two batches never wait on
         # each other's row locks in opposite orders (no deadlock).
         rows = sorted(batch.rows.items())
-        async with self._connect() as conn:
+
+        async def claim_all(conn: AsyncConnection) -> dict[str, int]:
+            fences: dict[str, int] = {}
             for start in range(0, len(rows), _MAX_ROWS):
                 chunk = rows[start : start + _MAX_ROWS]
-                params: dict[str, object] = {"b_owner": self._owner, "b_lease": self.lease}
+                params: dict[str, object] = {
+                    "b_owner": self._owner,
+                    "b_lease": self.lease,
+                    "b_timeout": self.timeout,
+                    "b_sent": time.time(),
+                }
                 for k, (job, tick) in enumerate(chunk):
                     params[f"b_job{k}"] = job
                     params[f"b_tick{k}"] = tick
                 result = await conn.execute(self._claim_statement(len(chunk)), params)
-                for job, fence in result:
-                    batch.fences[job] = int(fence)
+                fences.update((job, int(fence)) for job, fence in result)
+            return fences
+
+        return await self._in_connection(claim_all)
 
     async def renew(self, job: str, fence: int) -> bool:
-        async with self._connect() as conn:
-            result = await conn.execute(
-                self._statements["renew"], {"b_job": job, "b_fence": fence, "b_lease": self.lease}
-            )
+        params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
+        result = await self._run(lambda conn: conn.execute(self._statements["renew"], params))
         return result.rowcount == 1
 
     async def release(
         self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
     ) -> None:
-        async with self._connect() as conn:
-            await conn.execute(
-                self._statements["release"],
-                {
-                    "b_job": job,
-                    "b_fence": fence,
-                    "b_outcome": outcome,
-                    "b_error": error,
-                    "b_duration": duration,
-                },
-            )
+        params = {
+            "b_job": job,
+            "b_fence": fence,
+            "b_outcome": outcome,
+            "b_error": error,
+            "b_duration": duration,
+        }
+        await self._run(lambda conn: conn.execute(self._statements["release"], params))
 
     async def last_tick(self, job: str) -> float | None:
-        async with self._connect() as conn:
-            tick = (
-                await conn.execute(
-                    sa.select(self.claims.c.last_tick).where(self.claims.c.job == job)
-                )
-            ).scalar()
+        query = sa.select(self.claims.c.last_tick).where(self.claims.c.job == job)
+        tick = await self._run(lambda conn: conn.scalar(query))
         return None if tick is None else float(tick)
 
     # -- instances and status -----------------------------------------------
 
     async def beat(self) -> float:
         assert self._instance is not None
-        async with self._connect() as conn:
-            seen = await conn.scalar(
-                self._statements["beat"],
-                {
-                    "b_id": self._instance.id,
-                    "b_hostname": self._instance.hostname,
-                    "b_pid": self._instance.pid,
-                },
-            )
+        params = {
+            "b_id": self._instance.id,
+            "b_hostname": self._instance.hostname,
+            "b_pid": self._instance.pid,
+        }
+        seen = await self._run(lambda conn: conn.scalar(self._statements["beat"], params))
         return float(seen)
 
     async def read(self) -> ClusterView:
         c, i = self.claims, self.instances
-        async with self._connect() as conn:
+
+        async def query(conn: AsyncConnection) -> tuple[Any, Any, Any]:
             now = (await conn.execute(sa.select(db_now()))).scalar_one()
             rows = (await conn.execute(sa.select(c))).mappings().all()
             # Instances count as live for three missed heartbeats.
-            live = (
-                (
-                    await conn.execute(
-                        sa.select(i)
-                        .where(i.c.seen_at > now - 3 * self.heartbeat)
-                        .order_by(i.c.started_at)
-                    )
-                )
-                .mappings()
-                .all()
+            live = await conn.execute(
+                sa.select(i).where(i.c.seen_at > now - 3 * self.heartbeat).order_by(i.c.started_at)
             )
+            return now, rows, live.mappings().all()
+
+        now, rows, live = await self._run(query)
         return ClusterView(
             jobs={
                 row["job"]: ClusterJobStatus(
@@ -362,10 +401,44 @@ class SQLAlchemyStore:
         assert self._instance is not None
         return self._instance.id
 
-    def _connect(self) -> _Connection:
+    async def _run(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run ``op`` on a connection, in a task of its own; wait for its result.
+
+        A caller that stops waiting (its deadline, shutdown) does not cancel the
+        statement. Cancelled mid-statement, SQLAlchemy throws the connection away,
+        and under anyio's cancellation, which strikes again at every await, the
+        aiosqlite shim's close is cut in the middle and leaves a task that never
+        ends: the event loop then cannot shut down. So the operation keeps its
+        connection and ends by its own deadline, which cancels it once.
+        """
+        return await asyncio.shield(self._spawn(self._in_connection(op)))
+
+    def _spawn(self, operation: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         if self._engine is None:
+            operation.close()
             raise StoreError("the store is not open: it opens when the scheduler starts")
-        return _Connection(self)
+        task = asyncio.get_running_loop().create_task(operation)
+        self._in_flight.add(task)
+        task.add_done_callback(self._settled)
+        return task
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen by the callers still waiting; the others gave up
+
+    async def _in_connection(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        assert self._engine is not None
+        # Callers wait `timeout`; the operation itself gets twice that, so that a
+        # statement made just in time still reports back (a late claim is then
+        # freed) and one stuck for good still ends.
+        async with asyncio.timeout(2 * self.timeout), self._engine.connect() as conn:
+            if not self._ready:
+                async with self._ensure_lock:
+                    if not self._ready:
+                        await self._ensure_tables(conn)
+                        self._ready = True
+            return await op(conn)
 
     async def _ensure_tables(self, conn: AsyncConnection) -> None:
         names = [self.claims.name, self.instances.name]
@@ -393,7 +466,7 @@ class SQLAlchemyStore:
                     break
                 if attempt == 5:
                     raise
-                await anyio.sleep(random.uniform(0.02, 0.1) * attempt)
+                await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
         logger.info("created table(s) %s", ", ".join(missing))
 
     def _build(self, dialect: str) -> dict[str, Any]:
@@ -453,8 +526,10 @@ class SQLAlchemyStore:
             ]
         )
         # One statement claims: a tick must be newer than the last one claimed
-        # (so a tick never runs twice) and the previous lease must be free (so
-        # runs never overlap across instances). Rows that fail return nothing.
+        # (so a tick never runs twice), the previous lease must be free (so runs
+        # never overlap across instances), and the statement must not have
+        # waited past the timeout (its caller gave up). Rows that fail return
+        # nothing. (A job's very first claim inserts its row unconditionally.)
         statement = new.on_conflict_do_update(
             index_elements=[c.c.job],
             set_={
@@ -471,6 +546,7 @@ class SQLAlchemyStore:
             where=sa.and_(
                 c.c.last_tick < new.excluded.last_tick,
                 sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
+                now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
             ),
         ).returning(c.c.job, c.c.fence)
         self._claims_by_size[rows] = statement
@@ -485,48 +561,13 @@ _GATHER = 0.002
 
 
 class _Batch:
-    """The claims of one turn of the event loop, sent together."""
+    """The claims due at one instant, sent together."""
 
-    __slots__ = ("done", "error", "fences", "rows")
+    __slots__ = ("rows", "sent")
 
     def __init__(self) -> None:
         self.rows: dict[str, float] = {}
-        self.fences: dict[str, int] = {}
-        self.error: BaseException | None = None
-        self.done = anyio.Event()
-
-
-class _Connection:
-    """A store connection: makes sure the tables exist on first use."""
-
-    def __init__(self, store: SQLAlchemyStore) -> None:
-        self._store = store
-        self._cm: Any = None
-
-    async def __aenter__(self) -> AsyncConnection:
-        store = self._store
-        assert store._engine is not None
-        self._cm = store._engine.connect()
-        # Cancelled halfway, a checkout leaks its connection: let our own
-        # deadline, not a caller's cancellation, end a slow connect.
-        with anyio.CancelScope(shield=True), anyio.fail_after(store.timeout):
-            conn: AsyncConnection = await self._cm.__aenter__()
-        if not store._ready:
-            try:
-                async with store._ensure_lock:
-                    if not store._ready:
-                        await store._ensure_tables(conn)
-                        store._ready = True
-            except BaseException:
-                await self.__aexit__(None, None, None)
-                raise
-        return conn
-
-    async def __aexit__(self, *exc: Any) -> None:
-        # A timeout or shutdown may cancel us mid-statement; the connection must
-        # still go back to the pool, or it leaks until garbage collection.
-        with anyio.CancelScope(shield=True):
-            await self._cm.__aexit__(*exc)
+        self.sent: asyncio.Task[dict[str, int]] | None = None
 
 
 def _utc(ts: float | None) -> datetime | None:
