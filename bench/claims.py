@@ -157,7 +157,8 @@ def report(quick: bool = False) -> list[str]:
         f"≤ {(min(wins, statements['claim']) + statements['release']) / max(1, wins):.2f} |",
         f"| statements per losing claim | ≤ {min(lost, statements['claim']) / max(1, lost):.2f} "
         f"({lost:,} losses) |",
-        f"| renewals, heartbeats, other statements in the window | {statements['renew']}, "
+        f"| statements in the window: claims, releases, renewals, heartbeats, other | "
+        f"{statements['claim']}, {statements['release']}, {statements['renew']}, "
         f"{statements['heartbeat']}, {statements['other']} |",
         f"| cluster CPU per (job, tick), with store / without | {cpu_sched_store:.1f} / "
         f"{cpu_sched_plain:.1f} µs ({cpu_sched_store / cpu_sched_plain:.2f}×) |",

@@ -233,7 +233,9 @@ async def test_statements_blocked_past_the_timeout_leave_nothing_behind(
             ticks.append(ctx.tick)
 
         async with scheduler.running({"db": engine}):
-            await anyio.sleep(0.3)
+            # Lock halfway between two ticks: the last run has released its claim
+            # (a release the lock held up would keep the job for its 3 s lease).
+            await anyio.sleep(0.3 + (0.05 - time.time()) % 0.1)
             before = len(ticks)
             await hold_lock(database_url, engine, 0.6)
             during = len(ticks)
@@ -442,15 +444,18 @@ async def test_status_shows_the_last_run_across_instances_and_the_instances(
 
 
 async def test_claims_due_at_one_instant_share_one_statement(database_url: str) -> None:
-    """40 jobs due at the same tick are claimed in one multi-row statement, not 40."""
+    """40 jobs due at the same tick are claimed in one multi-row statement, not 40,
+    and their runs, which end together, are released in one statement too."""
     from sqlalchemy import event
 
-    claim_statements = 0
+    claim_statements = release_statements = 0
 
     def count(conn: object, cursor: object, statement: str, *args: object) -> None:
-        nonlocal claim_statements
+        nonlocal claim_statements, release_statements
         if statement.lstrip().startswith("INSERT INTO fastapi_jobs_claims"):
             claim_statements += 1
+        elif "UPDATE fastapi_jobs_claims SET lease_until=NULL" in statement:
+            release_statements += 1
 
     runs: list[tuple[str, datetime, int | None]] = []
     async with engine_for(database_url) as engine:
@@ -472,3 +477,9 @@ async def test_claims_due_at_one_instant_share_one_statement(database_url: str) 
     # About one statement per tick, never one per job.
     assert claim_statements <= 2 * len(ticks) + 1
     assert claim_statements * 10 <= len(runs)
+    assert 1 <= release_statements <= 2 * len(ticks) + 1
+    async with engine_for(database_url) as engine, engine.connect() as conn:
+        rows = (
+            await conn.execute(sa.text("SELECT outcome, lease_until FROM fastapi_jobs_claims"))
+        ).all()
+    assert rows and all(row == ("ok", None) for row in rows)  # every claim released

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 import pytest
@@ -95,6 +96,40 @@ async def test_release_records_the_outcome_cluster_wide(database_url: str) -> No
     assert job.last_finished_at >= job.last_started_at
     [me] = view.instances
     assert me.id == store._owner
+
+
+async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outcome(
+    database_url: str,
+) -> None:
+    """Three releases sent together: one statement, each row its own outcome, error
+    and duration; a release naming a stale fence changes nothing."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+    async with opened(database_url) as (store, engine):
+
+        def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+            statements.append(statement)
+
+        event.listen(engine.sync_engine, "before_cursor_execute", seen)
+        fences: dict[str, int] = {}
+        for job in ("a", "b", "c"):
+            fence = await store.claim(job, 100.0)
+            assert fence is not None
+            fences[job] = fence
+        assert await store.claim("c", 101.0) is None  # c is still held
+        statements.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(store.release, "a", fences["a"], "ok", None, 0.5))
+            tg.start_soon(partial(store.release, "b", fences["b"], "failed", "KeyError: 'x'", 1.5))
+            tg.start_soon(partial(store.release, "c", 99, "timed_out", "TimeoutError: late", 9.0))
+        view = await store.read()
+    assert len([s for s in statements if "UPDATE fastapi_jobs_claims" in s]) == 1
+    a, b, c = (view.jobs[job] for job in ("a", "b", "c"))
+    assert (a.last_outcome, a.last_error, a.last_duration_s) == ("ok", None, 0.5)
+    assert (b.last_outcome, b.last_error, b.last_duration_s) == ("failed", "KeyError: 'x'", 1.5)
+    assert (c.last_outcome, c.running_on) == (None, store._owner)  # stale fence: still held
+    assert a.running_on is None and b.running_on is None
 
 
 async def test_close_removes_the_instance_row(database_url: str) -> None:
