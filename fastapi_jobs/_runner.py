@@ -22,6 +22,7 @@ from ._clock import Clock
 from ._context import JobContext
 from ._errors import LeaseLostError
 from ._job import Job
+from ._leases import LeaseKeeper
 from ._status import JobStats, Outcome
 from ._store import Store
 
@@ -64,25 +65,31 @@ class JobRunner:
         "_clock",
         "_in_loop_run",
         "_logger",
-        "_lost",
         "_parent_logger",
         "_stopping",
         "job",
+        "leases",
         "stats",
         "store",
     )
 
     def __init__(
-        self, job: Job, clock: Clock, logger: logging.Logger, store: Store | None = None
+        self,
+        job: Job,
+        clock: Clock,
+        logger: logging.Logger,
+        store: Store | None = None,
+        leases: LeaseKeeper | None = None,
     ) -> None:
         self.job = job
         self.stats = JobStats()
         self.store = None if job.every_instance else store
         """Where ticks are claimed; None: every instance runs every tick."""
+        self.leases = leases
+        """Keeps the leases of claimed runs (with a store)."""
         self._clock = clock
         self._parent_logger = logger
         self._logger: logging.Logger | None = None
-        self._lost: str | None = None
         self._cancel: Callable[[], object] | None = None
         self._stopping = False
         self._in_loop_run = False
@@ -235,48 +242,19 @@ class JobRunner:
         if fence is None:
             stats.skip("claimed_elsewhere")
             return
-        self._lost = None
+        assert self.leases is not None
+        run_scope = anyio.CancelScope()
+        lease = self.leases.hold(name, fence, claimed_at, run_scope, self.logger)
         try:
-            async with anyio.create_task_group() as tg:
-                run_scope = anyio.CancelScope()
-                tg.start_soon(self._keep_lease, store, fence, claimed_at, run_scope)
-                with run_scope:
-                    await self.run(tick, state, fence=fence)
-                tg.cancel_scope.cancel()
+            with run_scope:
+                await self.run(tick, state, fence=fence)
         finally:
-            if self._lost is not None:
-                self._record_lost(self._lost)
+            self.leases.end(lease)
+            if lease.lost is not None:
+                self._record_lost(lease.lost)
             else:
                 with anyio.CancelScope(shield=True):
                     await self._release(store, fence)
-
-    async def _keep_lease(
-        self, store: Store, fence: int, renewed_at: float, run_scope: anyio.CancelScope
-    ) -> None:
-        """Renew the lease every third of it; cancel the run once it is lost."""
-        lease, interval = store.lease, store.lease / 3
-        attempt_at = renewed_at + interval
-        while True:
-            await anyio.sleep(max(0.0, attempt_at - anyio.current_time()))
-            deadline = renewed_at + lease  # measured from before the last renewal: conservative
-            sent = anyio.current_time()
-            if sent >= deadline:
-                self._lost = "its lease ran out before it could be renewed"
-                break
-            try:
-                with anyio.fail_after(min(store.timeout, deadline - sent)):
-                    held = await store.renew(self.job.name, fence)
-            except Exception as exc:  # noqa: BLE001 - retried until the lease runs out
-                self.logger.warning(
-                    "job %r: lease renewal failed (%r), retrying", self.job.name, exc
-                )
-                attempt_at = min(anyio.current_time() + interval / 4, deadline)
-                continue
-            if not held:
-                self._lost = "another instance claimed the job"
-                break
-            renewed_at, attempt_at = sent, sent + interval
-        run_scope.cancel()
 
     def _record_lost(self, reason: str) -> None:
         stats, name = self.stats, self.job.name

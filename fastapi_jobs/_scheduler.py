@@ -6,7 +6,7 @@ import logging
 import multiprocessing
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,6 +16,7 @@ import anyio
 from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
 from ._job import Job
+from ._leases import LeaseKeeper
 from ._loops import run_loops
 from ._runner import JobRunner, RunResult
 from ._schedules import Cron, Every, Schedule
@@ -83,6 +84,7 @@ class Scheduler:
         self.store = store
         # Jobs tick on this clock: with a store, shifted onto the database's.
         self._ticking_clock = OffsetClock(self.clock) if store is not None else self.clock
+        self._leases = LeaseKeeper(store) if store is not None else None
         self.instance = Instance()
         self._app_lifespan = lifespan
         self._runners: dict[str, JobRunner] = {}
@@ -138,7 +140,9 @@ class Scheduler:
                 "across restarts: pass Scheduler(store=...), and do not combine it "
                 "with every_instance=True"
             )
-        self._runners[job.name] = JobRunner(job, self._ticking_clock, self.logger, self.store)
+        self._runners[job.name] = JobRunner(
+            job, self._ticking_clock, self.logger, self.store, self._leases
+        )
         return job
 
     def every(
@@ -242,9 +246,11 @@ class Scheduler:
                 await store.open(self._state, self.instance)
                 await self._beat_once(store)  # learn the database's time before ticking
             async with anyio.create_task_group() as tg:
-                beating = anyio.CancelScope()
+                beating, keeping = anyio.CancelScope(), anyio.CancelScope()
                 if store is not None:
                     tg.start_soon(self._beat, store, beating)
+                if self._leases is not None:
+                    tg.start_soon(_run_in, keeping, self._leases.run)
                 for runner in runners:
                     runner.arm()
                 tg.start_soon(run_loops, runners, self._state, stopped)
@@ -254,6 +260,7 @@ class Scheduler:
                     with anyio.CancelScope(shield=True):
                         beating.cancel()
                         await self._drain(runners, stopped)
+                        keeping.cancel()  # the runs in flight renewed their leases until now
         finally:
             self._state = None
             if store is not None:
@@ -407,3 +414,8 @@ def _several_processes() -> bool:
         return True
     # uvicorn --workers N runs each worker as a multiprocessing child.
     return multiprocessing.parent_process() is not None and "uvicorn" in " ".join(sys.argv)
+
+
+async def _run_in(scope: anyio.CancelScope, func: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await func()

@@ -1,0 +1,126 @@
+"""The leases of this instance's claimed runs, renewed from one task.
+
+A claimed run holds a lease in the store. While the run goes, the lease is
+renewed every third of its length; once it is lost (another instance holds the
+job, or the store cannot be reached before the lease ends) the run is
+cancelled. Most runs end long before their first renewal is due, so a run
+costs an entry in a heap here, not a task of its own: one keeper task per
+scheduler sleeps until the earliest renewal due and sends it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+
+import anyio
+
+from ._store import Store
+
+__all__ = ["Lease", "LeaseKeeper"]
+
+
+class Lease:
+    """The lease of one claimed run."""
+
+    __slots__ = ("ended", "fence", "job", "logger", "lost", "renewed_at", "scope")
+
+    def __init__(
+        self,
+        job: str,
+        fence: int,
+        renewed_at: float,
+        scope: anyio.CancelScope,
+        logger: logging.Logger,
+    ) -> None:
+        self.job = job
+        self.fence = fence
+        self.renewed_at = renewed_at
+        """When the last successful renewal (or the claim) was sent."""
+        self.scope = scope
+        """The run's scope, cancelled when the lease is lost."""
+        self.logger = logger
+        self.lost: str | None = None
+        """Why the lease was lost, if it was."""
+        self.ended = False
+
+
+class LeaseKeeper:
+    """Renews the leases of the runs in flight; cancels a run whose lease is lost."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._due: list[tuple[float, int, Lease]] = []  # (renewal due at, order, lease)
+        self._order = itertools.count()
+        self._changed: anyio.Event | None = None
+        self._wake_at = math.inf
+
+    def hold(
+        self,
+        job: str,
+        fence: int,
+        claimed_at: float,
+        scope: anyio.CancelScope,
+        logger: logging.Logger,
+    ) -> Lease:
+        """Keep the lease of a claim sent at ``claimed_at`` until :meth:`end`."""
+        lease = Lease(job, fence, claimed_at, scope, logger)
+        self._renew_at(lease, claimed_at + self.store.lease / 3)
+        return lease
+
+    def end(self, lease: Lease) -> None:
+        """The run is over: no more renewals (its entry is dropped lazily)."""
+        lease.ended = True
+
+    async def run(self) -> None:
+        """The keeper's task: runs until cancelled, after the last run ended."""
+        due = self._due
+        async with anyio.create_task_group() as tg:
+            while True:
+                while due and due[0][2].ended:
+                    heapq.heappop(due)
+                now = anyio.current_time()
+                if due and due[0][0] <= now:
+                    tg.start_soon(self._renew, heapq.heappop(due)[2])
+                    continue
+                self._wake_at = due[0][0] if due else math.inf
+                self._changed = changed = anyio.Event()
+                with anyio.move_on_after(self._wake_at - now):
+                    await changed.wait()
+
+    def _renew_at(self, lease: Lease, at: float) -> None:
+        heapq.heappush(self._due, (at, next(self._order), lease))
+        if at < self._wake_at and self._changed is not None:
+            self._changed.set()
+
+    async def _renew(self, lease: Lease) -> None:
+        store = self.store
+        interval = store.lease / 3
+        deadline = lease.renewed_at + store.lease  # from before the last renewal: conservative
+        sent = anyio.current_time()
+        if sent >= deadline:
+            self._lose(lease, "its lease ran out before it could be renewed")
+            return
+        try:
+            with anyio.fail_after(min(store.timeout, deadline - sent)):
+                held = await store.renew(lease.job, lease.fence)
+        except Exception as exc:  # noqa: BLE001 - retried until the lease runs out
+            if not lease.ended:
+                lease.logger.warning("job %r: lease renewal failed (%r), retrying", lease.job, exc)
+                self._renew_at(lease, min(anyio.current_time() + interval / 4, deadline))
+            return
+        if lease.ended:
+            return
+        if not held:
+            self._lose(lease, "another instance claimed the job")
+            return
+        lease.renewed_at = sent
+        self._renew_at(lease, sent + interval)
+
+    @staticmethod
+    def _lose(lease: Lease, reason: str) -> None:
+        if not lease.ended:
+            lease.lost = reason
+            lease.scope.cancel()
