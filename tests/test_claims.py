@@ -86,23 +86,26 @@ async def test_every_instance_jobs_run_everywhere_and_touch_no_claims(database_u
 
 
 async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str) -> None:
-    """A 1.2 s run under a 0.45 s lease renews it; no peer runs the job meanwhile."""
-    runs: list[tuple[str, int | None]] = []
+    """Three 1.5 s runs under a 0.6 s lease, in each of two instances, renew their
+    leases (one keeper task per instance); no peer runs a job meanwhile."""
+    runs: dict[str, list[tuple[str, int | None]]] = {f"long{k}": [] for k in range(3)}
     async with engine_for(database_url) as engine, AsyncExitStack() as stack:
         for who in ("i0", "i1"):
-            scheduler = instance(engine, lease=0.45, timeout=0.1, heartbeat=1)
+            scheduler = instance(engine, lease=0.6, timeout=0.19, heartbeat=1)
+            for name in runs:
 
-            @scheduler.every(seconds=0.1)
-            async def long(ctx: JobContext, who: str = who) -> None:
-                runs.append((who, ctx.fence))
-                await anyio.sleep(1.2)
+                async def long(ctx: JobContext, who: str = who) -> None:
+                    runs[ctx.name].append((who, ctx.fence))
+                    await anyio.sleep(1.5)
 
+                scheduler.add_job(long, Every(seconds=0.1), name=name)
             await stack.enter_async_context(scheduler.running({"db": engine}))
+        await anyio.sleep(1.2)  # two leases long
+        assert all(len(job_runs) == 1 for job_runs in runs.values())  # first runs hold on
         await anyio.sleep(1.0)
-        assert len(runs) == 1  # the first run still holds the job
-        await anyio.sleep(1.0)
-    assert [fence for _, fence in runs] == list(range(1, len(runs) + 1))
-    assert 1 < len(runs) <= 2
+    for job_runs in runs.values():
+        assert [fence for _, fence in job_runs] == list(range(1, len(job_runs) + 1))
+        assert 1 < len(job_runs) <= 2
 
 
 async def serve_until(scheduler: Scheduler, engine: AsyncEngine, stop: anyio.Event) -> None:

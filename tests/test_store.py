@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import TypeVar
 
 import anyio
 import pytest
@@ -16,6 +17,8 @@ from fastapi_jobs import ConfigurationError, Instance, JobContext, LeaseLostErro
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import START
+
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -130,6 +133,39 @@ async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outc
     assert (b.last_outcome, b.last_error, b.last_duration_s) == ("failed", "KeyError: 'x'", 1.5)
     assert (c.last_outcome, c.running_on) == (None, store._owner)  # stale fence: still held
     assert a.running_on is None and b.running_on is None
+
+
+async def test_batches_of_many_sizes_are_answered_right(database_url: str) -> None:
+    """Batches of 1 to 40 rows (more sizes than the store keeps compiled): every claim
+    gets the right fence and every release frees the right claim."""
+    async with opened(database_url) as (store, _):
+        for size in range(1, 41):
+            jobs = [f"j{k}" for k in range(size)]
+            expected = [size - k for k in range(size)]  # j{k} joined at batch k + 1
+            assert await _together([partial(store.claim, job, float(size)) for job in jobs]) == (
+                expected
+            )
+            await _together(
+                [
+                    partial(store.release, job, fence, "ok", None, 0.0)
+                    for job, fence in zip(jobs, expected, strict=True)
+                ]
+            )
+        view = await store.read()
+    assert all(view.jobs[f"j{k}"].running_on is None for k in range(40))
+
+
+async def _together(calls: list[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Start every call in the same turn of the loop; their results in order."""
+    results: dict[int, T] = {}
+
+    async def one(k: int) -> None:
+        results[k] = await calls[k]()
+
+    async with anyio.create_task_group() as tg:
+        for k in range(len(calls)):
+            tg.start_soon(one, k)
+    return [results[k] for k in range(len(calls))]
 
 
 async def test_close_removes_the_instance_row(database_url: str) -> None:
