@@ -139,6 +139,10 @@ IMPLS: dict[str, Callable[[Recorder, int, float, float], Awaitable[Stop]]] = {
 def import_impl(impl: str) -> None:
     """Import everything first, so the baseline memory holds the libraries."""
     if impl == "fastapi_jobs":
+        # anyio loads its asyncio backend on first use; in an app, Starlette has
+        # used it long before the lifespan starts the jobs.
+        import anyio._backends._asyncio  # noqa: F401
+
         import fastapi_jobs  # noqa: F401
     elif impl == "apscheduler":
         import apscheduler.schedulers.asyncio  # noqa: F401
