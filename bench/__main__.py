@@ -99,11 +99,11 @@ def main() -> None:
     if args.claims:
         from .claims import report as claims_report
 
-        extra += claims_report(quick=args.quick)
+        extra += [*claims_report(quick=args.quick), ""]
     if args.requests:
         from .requests import report as requests_report
 
-        extra += requests_report(quick=args.quick)
+        extra += [*requests_report(quick=args.quick), ""]
     text = render(ticks, idle, sizes, impls, idle_n, repeat, window, extra, time.time() - started)
     if args.out:
         Path(args.out).write_text(text)
@@ -126,9 +126,11 @@ def render(
         "# Benchmarks",
         "",
         f"Machine: {machine()}. Medians of {repeat} runs, each implementation in a fresh",
-        f"process; {window} s windows after 2 s of warm-up. Single machine, noisy: ratios to",
-        "the floor (a hand-written asyncio loop per job on the same grid) are the claims,",
-        "not the absolute times.",
+        f"process; {window} s windows after 2 s of warm-up, with the garbage of starting up",
+        "collected (`gc.collect()`) just before each window, for every implementation alike:",
+        "the figures are the steady state of a scheduler that has run for a while. Single",
+        "machine, noisy: ratios to the floor (a hand-written asyncio loop per job on the same",
+        "grid) are the claims, not the absolute times.",
         "",
         "Reproduce: `.venv/bin/pip install -e '.[bench]' && .venv/bin/python -m bench "
         "--claims --requests --out BENCHMARKS.md`",
