@@ -77,18 +77,22 @@ class LeaseKeeper:
     async def run(self) -> None:
         """The keeper's task: runs until cancelled, after the last run ended."""
         due = self._due
-        async with anyio.create_task_group() as tg:
-            while True:
-                while due and due[0][2].ended:
-                    heapq.heappop(due)
-                now = anyio.current_time()
-                if due and due[0][0] <= now:
-                    tg.start_soon(self._renew, heapq.heappop(due)[2])
-                    continue
-                self._wake_at = due[0][0] if due else math.inf
-                self._changed = changed = anyio.Event()
-                with anyio.move_on_after(self._wake_at - now):
-                    await changed.wait()
+        try:
+            async with anyio.create_task_group() as tg:
+                while True:
+                    while due and due[0][2].ended:
+                        heapq.heappop(due)
+                    now = anyio.current_time()
+                    if due and due[0][0] <= now:
+                        tg.start_soon(self._renew, heapq.heappop(due)[2])
+                        continue
+                    self._wake_at = due[0][0] if due else math.inf
+                    self._changed = changed = anyio.Event()
+                    with anyio.move_on_after(self._wake_at - now):
+                        await changed.wait()
+        finally:
+            # Ready for the next start of the scheduler (on another event loop).
+            self._changed, self._wake_at = None, math.inf
 
     def _renew_at(self, lease: Lease, at: float) -> None:
         heapq.heappush(self._due, (at, next(self._order), lease))

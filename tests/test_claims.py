@@ -108,6 +108,37 @@ async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str
         assert 1 < len(job_runs) <= 2
 
 
+async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(database_url: str) -> None:
+    """Short runs end before their first renewal is due and send none; a run as long
+    as 1.7 leases renews about every third of the lease."""
+    from sqlalchemy import event
+
+    renewals: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, params: object, *args: object) -> None:
+        if statement.lstrip().startswith("UPDATE fastapi_jobs_claims SET lease_until="):
+            renewals.append(str(params))
+
+    async with engine_for(database_url) as engine:
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        scheduler = instance(engine, lease=0.6, timeout=0.19)
+
+        @scheduler.every(seconds=0.1)
+        async def short() -> None:
+            pass
+
+        @scheduler.every(minutes=1, run_on_startup=True)
+        async def long() -> None:
+            await anyio.sleep(1.0)
+
+        async with scheduler.running({"db": engine}):
+            await anyio.sleep(1.3)
+    assert scheduler.job_status("short").runs >= 8
+    assert scheduler.job_status("long").last_outcome == "ok"
+    assert all("short" not in params for params in renewals)
+    assert 3 <= len(renewals) <= 6  # due at 0.2, 0.4, 0.6, 0.8 s into the run
+
+
 async def serve_until(scheduler: Scheduler, engine: AsyncEngine, stop: anyio.Event) -> None:
     """An instance: runs until `stop` is set, then stops gracefully."""
     async with scheduler.running({"db": engine}):
