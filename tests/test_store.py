@@ -168,6 +168,25 @@ async def _together(calls: list[Callable[[], Awaitable[T]]]) -> list[T]:
     return [results[k] for k in range(len(calls))]
 
 
+async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> None:
+    """The caller stops waiting before the claim is even sent; the claim is made all
+    the same, then released at once, so the job is free for the next tick instead of
+    held for a lease by a run that never happens."""
+    async with opened(database_url) as (store, _):
+        with anyio.move_on_after(0.0005):  # inside the 2 ms the batch gathers for
+            await store.claim("digest", 100.0)
+            pytest.fail("the claim should not have been waited for")
+        for _ in range(100):  # the release is sent by the store on its own
+            job = (await store.read()).jobs.get("digest")
+            if job is not None and job.running_on is None:
+                break
+            await anyio.sleep(0.01)
+        assert job is not None and job.running_on is None
+        assert job.last_outcome == "cancelled"
+        assert job.last_error is not None and "came back after its deadline" in job.last_error
+        assert await store.claim("digest", 101.0) == 2  # free at once, not after 30 s
+
+
 async def test_close_removes_the_instance_row(database_url: str) -> None:
     """A graceful stop takes this instance off the list at once."""
     engine = create_async_engine(database_url)
