@@ -33,7 +33,14 @@ class Instance:
 
 
 class Store(Protocol):
-    """Claims and run history shared by every instance of the app."""
+    """Claims and run history shared by every instance of the app.
+
+    The scheduler bounds every call with ``timeout`` and cancels it at
+    shutdown; an implementation must come out of that whole: a cancelled
+    call may not leave a connection broken or a task behind (the SQLAlchemy
+    store runs each operation in a task of its own that callers only wait
+    for). A claim made although its caller gave up must not hold the job.
+    """
 
     lease: float
     """Seconds a claim is held without renewal before a peer may take over."""
