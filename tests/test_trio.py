@@ -3,9 +3,13 @@ anyio tasks, each in its own cancel scope."""
 
 from __future__ import annotations
 
-import anyio
+from pathlib import Path
 
-from fastapi_jobs import JobContext, Scheduler
+import anyio
+import pytest
+
+from fastapi_jobs import JobContext, Scheduler, StoreError
+from fastapi_jobs.stores import SQLAlchemyStore
 
 
 def test_jobs_tick_and_stop_on_trio() -> None:
@@ -41,3 +45,21 @@ def test_jobs_tick_and_stop_on_trio() -> None:
     assert scheduler.job_status("broken").failures >= 4
     assert scheduler.job_status("slow").last_outcome == "ok"  # drained, not cut
     assert scheduler.job_status("idle").runs == 0
+
+
+def test_the_sqlalchemy_store_says_it_needs_asyncio(tmp_path: Path) -> None:
+    """SQLAlchemy's async engine runs on asyncio only: on trio the scheduler does not
+    start, with an error that says why."""
+    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}")
+    scheduler = Scheduler(store=store)
+
+    @scheduler.every(seconds=1)
+    async def job() -> None:
+        pass
+
+    async def main() -> None:
+        async with scheduler.running():
+            pass
+
+    with pytest.raises(StoreError, match="needs asyncio"):
+        anyio.run(main, backend="trio")
