@@ -207,9 +207,10 @@ class JobRunner:
             return None
         self.stats.skip("missed", missed - 1)
         self.logger.info(
-            "job %r: %d tick(s) missed while down; catching up on the latest",
+            "job %r: %d tick(s) missed while down; catching up on the latest, %s",
             self.job.name,
             missed,
+            datetime.fromtimestamp(latest, UTC).isoformat(),
             extra={"job": self.job.name},
         )
         return latest
