@@ -67,6 +67,7 @@ class JobRunner:
         "_logger",
         "_parent_logger",
         "_stopping",
+        "_unreleased",
         "job",
         "leases",
         "stats",
@@ -93,6 +94,7 @@ class JobRunner:
         self._cancel: Callable[[], object] | None = None
         self._stopping = False
         self._in_loop_run = False
+        self._unreleased: int | None = None  # the fence of a release that failed
 
     @property
     def logger(self) -> logging.Logger:
@@ -230,6 +232,10 @@ class JobRunner:
     async def _run_claimed(self, store: Store, tick: float, state: Mapping[str, Any]) -> None:
         """Claim the tick in the store; if ours, run it under a renewed lease."""
         name, stats = self.job.name, self.stats
+        if self._unreleased is not None:
+            # The database missed the last release (it was down): until it has
+            # it, our own lease would keep this tick from being claimed.
+            await self._release(store, self._unreleased)
         claimed_at = anyio.current_time()
         try:
             with anyio.fail_after(store.timeout):
@@ -267,6 +273,7 @@ class JobRunner:
         )
 
     async def _release(self, store: Store, fence: int) -> None:
+        self._unreleased = fence
         stats = self.stats
         error = stats.last_error if stats.last_outcome in ("failed", "timed_out") else None
         try:
@@ -278,13 +285,16 @@ class JobRunner:
                     None if error is None else f"{type(error).__name__}: {error}",
                     stats.last_duration or 0.0,
                 )
-        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+        except Exception as exc:  # noqa: BLE001 - retried; else the lease expires
             self.logger.warning(
-                "job %r: could not release its claim (%r); it frees when the lease ends",
+                "job %r: could not release its claim (%r); retried at the next tick, "
+                "or it frees when the lease ends",
                 self.job.name,
                 exc,
                 extra={"job": self.job.name},
             )
+        else:
+            self._unreleased = None
 
     def stop(self) -> None:
         """Stop ticking: at once if idle, else after the run in flight."""

@@ -211,6 +211,35 @@ async def test_database_down_skips_ticks_and_recovers_by_itself(
     assert "store unreachable, tick skipped" in caplog.text
 
 
+async def test_a_release_the_database_missed_is_sent_again_when_it_is_back(
+    postgres: PostgresServer,
+) -> None:
+    """PostgreSQL is down when a run ends, so its release fails: once the database
+    is back, the release goes first and the job runs on its next ticks, instead of
+    waiting out its own 30 s lease."""
+    url = postgres.url(postgres.create_database(), driver="asyncpg")
+    started, gate = anyio.Event(), anyio.Event()
+    ticks: list[datetime] = []
+    async with engine_for(url) as engine:
+        scheduler = instance(engine, lease=30, timeout=0.5)
+
+        @scheduler.every(seconds=0.1)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick)
+            started.set()
+            await gate.wait()
+
+        async with scheduler.running({"db": engine}):
+            await started.wait()
+            await anyio.to_thread.run_sync(postgres.stop)
+            gate.set()  # the run ends while the database is down
+            await anyio.sleep(0.2)
+            await anyio.to_thread.run_sync(postgres.start)
+            await anyio.sleep(0.8)
+    assert len(ticks) >= 1 + 3  # the first run's lease would have held the job for 30 s
+    assert len(ticks) == len(set(ticks))
+
+
 async def test_sqlite_unreachable_file_skips_ticks_and_recovers(tmp_path: Path) -> None:
     """A SQLite file that cannot be opened: ticks are skipped until it can."""
     folder = tmp_path / "not-yet"
