@@ -431,8 +431,9 @@ class SQLAlchemyStore:
         statement. Cancelled mid-statement, SQLAlchemy throws the connection away,
         and under anyio's cancellation, which strikes again at every await, the
         aiosqlite shim's close is cut in the middle and leaves a task that never
-        ends: the event loop then cannot shut down. So the operation keeps its
-        connection and ends by its own deadline, which cancels it once.
+        ends: the event loop then cannot shut down. So the operation ends by its
+        own deadline, which cancels it once (``asyncio.timeout``): a connection
+        given up on is then closed whole, and otherwise goes back to the pool.
         """
         return await asyncio.shield(self._spawn(self._in_connection(op)))
 
