@@ -79,15 +79,14 @@ class JobRunner:
         job: Job,
         clock: Clock,
         logger: logging.Logger,
-        store: Store | None = None,
         leases: LeaseKeeper | None = None,
     ) -> None:
         self.job = job
         self.stats = JobStats()
-        self.store = None if job.every_instance else store
-        """Where ticks are claimed; None: every instance runs every tick."""
-        self.leases = leases
-        """Keeps the leases of claimed runs (with a store)."""
+        self.leases = None if job.every_instance else leases
+        """Keeps the leases of claimed runs; None: every instance runs every tick."""
+        self.store = None if self.leases is None else self.leases.store
+        """Where ticks are claimed (the keeper's store), or None."""
         self._clock = clock
         self._parent_logger = logger
         self._logger: logging.Logger | None = None
@@ -220,18 +219,20 @@ class JobRunner:
     async def _run_in_loop(self, tick: float, state: Mapping[str, Any], now: float) -> None:
         self._in_loop_run = True
         try:
-            if self.store is None:
+            if self.leases is None:
                 await self.run(tick, state, started=now)
             else:
-                await self._run_claimed(self.store, tick, state)
+                await self._run_claimed(self.leases, tick, state)
         finally:
             self._in_loop_run = False
 
     # -- claims -----------------------------------------------------------
 
-    async def _run_claimed(self, store: Store, tick: float, state: Mapping[str, Any]) -> None:
+    async def _run_claimed(
+        self, leases: LeaseKeeper, tick: float, state: Mapping[str, Any]
+    ) -> None:
         """Claim the tick in the store; if ours, run it under a renewed lease."""
-        name, stats = self.job.name, self.stats
+        name, stats, store = self.job.name, self.stats, leases.store
         if self._unreleased is not None:
             # The database missed the last release (it was down): until it has
             # it, our own lease would keep this tick from being claimed.
@@ -249,14 +250,13 @@ class JobRunner:
         if fence is None:
             stats.skip("claimed_elsewhere")
             return
-        assert self.leases is not None
         run_scope = anyio.CancelScope()
-        lease = self.leases.hold(name, fence, claimed_at, run_scope, self.logger)
+        lease = leases.hold(name, fence, claimed_at, run_scope, self.logger)
         try:
             with run_scope:
                 await self.run(tick, state, fence=fence)
         finally:
-            self.leases.end(lease)
+            leases.end(lease)
             if lease.lost is not None:
                 self._record_lost(lease.lost)
             else:

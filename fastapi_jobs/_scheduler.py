@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -140,9 +141,7 @@ class Scheduler:
                 "across restarts: pass Scheduler(store=...), and do not combine it "
                 "with every_instance=True"
             )
-        self._runners[job.name] = JobRunner(
-            job, self._ticking_clock, self.logger, self.store, self._leases
-        )
+        self._runners[job.name] = JobRunner(job, self._ticking_clock, self.logger, self._leases)
         return job
 
     def every(
@@ -248,7 +247,7 @@ class Scheduler:
             async with anyio.create_task_group() as tg:
                 beating, keeping = anyio.CancelScope(), anyio.CancelScope()
                 if store is not None:
-                    tg.start_soon(self._beat, store, beating)
+                    tg.start_soon(_run_in, beating, partial(self._beat, store))
                 if self._leases is not None:
                     tg.start_soon(_run_in, keeping, self._leases.run)
                 for runner in runners:
@@ -267,12 +266,11 @@ class Scheduler:
                 with anyio.CancelScope(shield=True):
                     await store.close()
 
-    async def _beat(self, store: Store, scope: anyio.CancelScope) -> None:
+    async def _beat(self, store: Store) -> None:
         """Keep this instance's row fresh, so the status page lists it."""
-        with scope:
-            while True:
-                await anyio.sleep(store.heartbeat)
-                await self._beat_once(store)
+        while True:
+            await anyio.sleep(store.heartbeat)
+            await self._beat_once(store)
 
     async def _beat_once(self, store: Store) -> None:
         try:
@@ -417,5 +415,6 @@ def _several_processes() -> bool:
 
 
 async def _run_in(scope: anyio.CancelScope, func: Callable[[], Awaitable[None]]) -> None:
+    """Run ``func`` until ``scope`` is cancelled (a background task of the lifespan)."""
     with scope:
         await func()
