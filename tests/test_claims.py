@@ -39,6 +39,17 @@ def instance(engine: AsyncEngine, **store_options: object) -> Scheduler:
     return Scheduler(store=store, shutdown_timeout=5)
 
 
+def ticking(engine: AsyncEngine, ticks: list[datetime], **store_options: object) -> Scheduler:
+    """An instance with one job every 100 ms that notes the ticks it runs."""
+    scheduler = instance(engine, **store_options)
+
+    @scheduler.every(seconds=0.1)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+
+    return scheduler
+
+
 async def test_each_tick_runs_once_across_instances(database_url: str) -> None:
     """Three instances, two jobs at 100 ms: every (job, tick) runs exactly once."""
     runs: list[tuple[str, datetime, int | None, str]] = []
@@ -188,12 +199,7 @@ async def test_database_down_skips_ticks_and_recovers_by_itself(
     url = postgres.url(postgres.create_database(), driver=driver)
     ticks: list[datetime] = []
     async with engine_for(url) as engine:
-        scheduler = instance(engine, lease=3, timeout=0.5)
-
-        @scheduler.every(seconds=0.1)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick)
-
+        scheduler = ticking(engine, ticks, lease=3, timeout=0.5)
         async with scheduler.running({"db": engine}):
             await anyio.sleep(0.4)
             before = len(ticks)
@@ -245,12 +251,7 @@ async def test_sqlite_unreachable_file_skips_ticks_and_recovers(tmp_path: Path) 
     folder = tmp_path / "not-yet"
     ticks: list[datetime] = []
     async with engine_for(f"sqlite+aiosqlite:///{folder / 'jobs.sqlite3'}") as engine:
-        scheduler = instance(engine, lease=3, timeout=0.5)
-
-        @scheduler.every(seconds=0.1)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick)
-
+        scheduler = ticking(engine, ticks, lease=3, timeout=0.5)
         async with scheduler.running({"db": engine}):
             await anyio.sleep(0.45)
             assert ticks == []
@@ -289,12 +290,7 @@ async def test_statements_blocked_past_the_timeout_leave_nothing_behind(
     so the event loop could not shut down)."""
     ticks: list[datetime] = []
     async with engine_for(database_url) as engine:
-        scheduler = instance(engine, lease=3, timeout=0.1)
-
-        @scheduler.every(seconds=0.1)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick)
-
+        scheduler = ticking(engine, ticks, lease=3, timeout=0.1)
         async with scheduler.running({"db": engine}):
             # Lock halfway between two ticks: the last run has released its claim
             # (a release the lock held up would keep the job for its 3 s lease).
