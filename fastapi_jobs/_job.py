@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import inspect
-import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ._checks import check_name, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError
 from ._schedules import Schedule
@@ -61,9 +61,12 @@ class Job:
                 raise ConfigurationError(
                     f"cannot tell the name of job {func!r}: give it one with name="
                 )
-        if not isinstance(name, str) or not name.strip() or "/" in name:
+        name = check_name(name)
+        if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
             raise ConfigurationError(
-                f"job name {name!r} is not usable: use a non-empty string without '/'"
+                f"job {name!r} is a generator function: calling it runs none of its "
+                "body. Use return instead of yield (or loop over the generator inside "
+                "the job)"
             )
         return cls(
             name=name,
@@ -81,18 +84,7 @@ class Job:
 def _seconds(name: str, option: str, value: float | timedelta | None) -> float | None:
     if value is None:
         return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        not isinstance(seconds, (int, float))
-        or isinstance(seconds, bool)
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
-        raise ConfigurationError(
-            f"job {name!r}: {option}={value!r} must be a positive number of seconds "
-            "or a timedelta (or None)"
-        )
-    return float(seconds)
+    return seconds(option, value, context=f"job {name!r}: ")
 
 
 def _is_async(func: object) -> bool:

@@ -1,7 +1,9 @@
 """Where the job loops live: one task per job, all held by one owner task.
 
 The owner is a single task of the scheduler's anyio task group, and it does
-not return before every loop has ended, so no loop outlives the lifespan.
+not return before every loop has ended, so no loop outlives the lifespan; the
+one exception is a loop whose job ignores cancellation past the shutdown grace,
+which on asyncio the scheduler stops waiting for (see ``Scheduler._drain``).
 On asyncio the loops are plain asyncio tasks: an anyio task costs ~60 µs and
 ~3 KiB more per job to start (its own cancel scope, event and wrapper
 coroutine), which with thousands of jobs is most of the cost of starting and
@@ -20,11 +22,18 @@ from ._runner import JobRunner
 
 __all__ = ["run_loops"]
 
+# Cancelled with the owner, loops that do not end within this are left behind.
+_ABANDON_AFTER = 5.0
+
 
 async def run_loops(
     runners: list[JobRunner], state: Mapping[str, Any], all_ended: anyio.Event
 ) -> None:
-    """Run each runner's loop until it ends; set ``all_ended`` when the last does."""
+    """Run each runner's loop until it ends; set ``all_ended`` when the last does.
+
+    On asyncio, whoever sets ``all_ended`` first makes this return: the
+    scheduler does so to stop waiting for loops that ignore cancellation.
+    """
     remaining = len(runners)
 
     def ended(_: object = None) -> None:
@@ -41,7 +50,7 @@ async def run_loops(
     except RuntimeError:
         await _run_as_anyio_tasks(runners, state, ended)
     else:
-        await _run_as_asyncio_tasks(loop, runners, state, ended)
+        await _run_as_asyncio_tasks(loop, runners, state, ended, all_ended)
 
 
 async def _run_as_asyncio_tasks(
@@ -49,6 +58,7 @@ async def _run_as_asyncio_tasks(
     runners: list[JobRunner],
     state: Mapping[str, Any],
     ended: Callable[[object], None],
+    all_ended: anyio.Event,
 ) -> None:
     tasks = []
     for runner in runners:
@@ -57,17 +67,18 @@ async def _run_as_asyncio_tasks(
         task.add_done_callback(ended)
         tasks.append(task)
     try:
-        await asyncio.wait(tasks)
-    finally:
-        # Reached early only if the owner itself is cancelled: take the loops along.
+        await all_ended.wait()
+    except BaseException:
+        # The owner itself is cancelled: take the loops along.
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         if pending:
             with anyio.CancelScope(shield=True):
-                await asyncio.wait(pending)
+                await asyncio.wait(pending, timeout=_ABANDON_AFTER)
+        raise
     for task in tasks:
-        if not task.cancelled() and task.exception() is not None:
+        if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug in a loop: surface it
 
 

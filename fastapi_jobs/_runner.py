@@ -10,7 +10,9 @@ is spawned per run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,9 +30,26 @@ from ._store import Store
 
 __all__ = ["JobRunner", "RunResult"]
 
+_NOT_A_STOP = (
+    "; raised by the job's own code, it is the job's failure, not a request to stop "
+    "the app (the next tick runs as usual)"
+)
+
 # Timers may fire a hair before the wall clock reaches the tick (the loop
 # sleeps on the monotonic clock); closer than this counts as on time.
 _EARLY = 0.001
+
+
+def _cancelled_from_outside(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation that someone asked for, as opposed
+    to a ``CancelledError`` the job's own code raised (a future that something
+    else cancelled, say), which is the job's failure."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        # Every cancellation of a task (ours, anyio's scopes, the caller's)
+        # goes through task.cancel(), which counts itself here.
+        return task is None or task.cancelling() > 0
+    return isinstance(exc, anyio.get_cancelled_exc_class())
 
 
 def _is_cancellation(exc: BaseException) -> bool:
@@ -67,6 +86,7 @@ class JobRunner:
         "_logger",
         "_parent_logger",
         "_stopping",
+        "_thread_done",
         "_unreleased",
         "job",
         "leases",
@@ -94,6 +114,7 @@ class JobRunner:
         self._stopping = False
         self._in_loop_run = False
         self._unreleased: int | None = None  # the fence of a release that failed
+        self._thread_done: threading.Event | None = None  # set when the sync job's thread returns
 
     @property
     def logger(self) -> logging.Logger:
@@ -145,7 +166,7 @@ class JobRunner:
                     missed, tick = schedule.ticks_between(tick, now)
                     stats.skip("missed", missed)
                     nxt = schedule.next_after(tick)
-                if stats.running:  # a run started by hand is going
+                if self.busy:  # a run started by hand, or a thread that has not returned
                     stats.skip("overlap")
                     tick = nxt
                     continue
@@ -259,6 +280,10 @@ class JobRunner:
             leases.end(lease)
             if lease.lost is not None:
                 self._record_lost(lease.lost)
+            elif self.thread_running:
+                # Cut at shutdown while its thread goes on: the claim stays held
+                # until the lease runs out, so no peer starts the job beside it.
+                pass
             else:
                 with anyio.CancelScope(shield=True):
                     await self._release(store, fence)
@@ -323,9 +348,9 @@ class JobRunner:
         fence: int | None = None,
         started: float | None = None,
     ) -> Outcome:
-        """Run the job once, guarded: errors and timeouts are logged and
-        recorded, never raised; cancellation from outside is recorded and
-        re-raised."""
+        """Run the job once, guarded: whatever the job raises is logged and
+        recorded, never raised; a cancellation from outside the job (shutdown,
+        timeout, lost lease, the caller) is recorded and re-raised."""
         job, stats = self.job, self.stats
         if started is None:
             started = self._clock.now()
@@ -338,19 +363,23 @@ class JobRunner:
             args: tuple[JobContext, ...] = ()
             if job.takes_context:
                 args = (self._context(tick, state, manual, fence),)
-            call = job.func(*args) if job.is_async else self._call_sync(args)
-            if job.timeout is None:
-                await call
-                outcome = "ok"
+            if not job.is_async:
+                error = await self._call_sync(args)
+            elif job.timeout is None:
+                await job.func(*args)
             else:
                 with anyio.move_on_after(job.timeout) as scope:
-                    await call
+                    await job.func(*args)
                 if scope.cancel_called:
-                    outcome = "timed_out"
                     error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
-                else:
-                    outcome = "ok"
+            outcome = "ok" if error is None else "timed_out"
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
+            outcome, error = "failed", exc
+        except BaseException as exc:
+            if _cancelled_from_outside(exc):
+                raise
+            # The job's own CancelledError, SystemExit, KeyboardInterrupt: a bug
+            # in the job, not a request to stop the site. Its failure, like any.
             outcome, error = "failed", exc
         finally:
             stats.last_finished_at = finished = self._clock.now()
@@ -363,10 +392,61 @@ class JobRunner:
                 self._report(outcome, error, duration)
         return outcome
 
-    async def _call_sync(self, args: tuple[JobContext, ...]) -> None:
-        # A thread cannot be interrupted: on timeout or shutdown cut, the wait
-        # is abandoned and the thread finishes in the background.
-        await anyio.to_thread.run_sync(self.job.func, *args, abandon_on_cancel=True)
+    @property
+    def busy(self) -> bool:
+        """A run is going, or the thread of an earlier one has not returned yet."""
+        done = self._thread_done
+        return self.stats.running or (done is not None and not done.is_set())
+
+    @property
+    def thread_running(self) -> bool:
+        """A thread of this job runs on after its run was cut or abandoned."""
+        done = self._thread_done
+        return not self.stats.running and done is not None and not done.is_set()
+
+    async def _call_sync(self, args: tuple[JobContext, ...]) -> TimeoutError | None:
+        """Run the sync job in a worker thread; a TimeoutError if it passed its timeout.
+
+        A thread cannot be interrupted. Past the timeout the run is reported at
+        once and then waited for, so the job stays "running" (ticks drop as
+        overlap, a claim's lease is kept) until its thread returns: never two
+        copies at once. Cancelled from outside (shutdown, lost lease), the wait
+        is abandoned, and :attr:`busy` stays true until the thread returns.
+        """
+        job, done = self.job, threading.Event()
+        self._thread_done = done
+
+        def call() -> None:
+            try:
+                result = job.func(*args)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no warning about it
+                    raise TypeError(
+                        f"job {job.name!r} is a sync function that returned "
+                        f"{type(result).__name__}, which was not awaited: declare the "
+                        "job `async def` (or return nothing)"
+                    )
+            finally:
+                done.set()
+
+        if job.timeout is None:
+            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            return None
+        with anyio.move_on_after(job.timeout):
+            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        if done.is_set():
+            # Ended in time, or just after the deadline: the result counts.
+            return None
+        self.logger.error(
+            "job %r passed its timeout of %gs; its thread cannot be stopped and the "
+            "job counts as running until it returns",
+            job.name,
+            job.timeout,
+            extra={"job": job.name, "outcome": "timed_out"},
+        )
+        await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+        return TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
 
     def _context(
         self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
@@ -390,9 +470,15 @@ class JobRunner:
         stats.failures += 1
         stats.last_error = error
         if outcome == "timed_out":
-            note = "" if self.job.is_async else " (its thread goes on in the background)"
+            note = "" if self.job.is_async else " (when its thread returned)"
             self.logger.error("job %r timed out after %.3fs%s", name, duration, note, extra=extra)
         else:
             self.logger.error(
-                "job %r failed after %.3fs: %r", name, duration, error, exc_info=error, extra=extra
+                "job %r failed after %.3fs: %r%s",
+                name,
+                duration,
+                error,
+                _NOT_A_STOP if not isinstance(error, Exception) else "",
+                exc_info=error,
+                extra=extra,
             )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from ._checks import seconds, short
 from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
 from ._job import Job
@@ -73,12 +74,11 @@ class Scheduler:
         store: Store | None = None,
         clock: Clock | None = None,
     ) -> None:
-        if isinstance(shutdown_timeout, timedelta):
-            shutdown_timeout = shutdown_timeout.total_seconds()
-        if shutdown_timeout is not None and not shutdown_timeout >= 0:
-            raise ConfigurationError(
-                f"shutdown_timeout={shutdown_timeout!r} must be >= 0 seconds, or None"
+        if shutdown_timeout is not None:
+            shutdown_timeout = seconds(
+                "shutdown_timeout", shutdown_timeout, context="Scheduler(): ", allow_zero=True
             )
+        _check_parts(lifespan, logger, store, clock)
         self.logger = logger or logging.getLogger("fastapi_jobs")
         self.shutdown_timeout = shutdown_timeout
         self.clock: Clock = clock or SystemClock()
@@ -146,6 +146,8 @@ class Scheduler:
 
     def every(
         self,
+        _func: object = None,
+        /,
         *,
         days: float = 0,
         hours: float = 0,
@@ -164,6 +166,11 @@ class Scheduler:
         Ticks lie on a grid from the Unix epoch plus ``offset``, the same in
         every process and after every restart.
         """
+        if _func is not None:
+            raise ConfigurationError(
+                f"every() takes the interval as keywords, got {short(_func)}: write "
+                "@scheduler.every(hours=1) (with parentheses), not @scheduler.every"
+            )
         schedule = Every(days=days, hours=hours, minutes=minutes, seconds=seconds, offset=offset)
         return self._decorator(
             schedule,
@@ -318,7 +325,30 @@ class Scheduler:
                     self.shutdown_timeout,
                     extra={"job": runner.job.name},
                 )
-                runner.cut()
+        # Cancelled again and again for a short grace, as anyio's scopes do: a
+        # job that swallows one cancellation meets the next at its next await.
+        with anyio.move_on_after(_GRACE):
+            while not stopped.is_set():
+                for runner in runners:
+                    if runner.in_flight:
+                        runner.cut()
+                with anyio.move_on_after(_RECUT):
+                    await stopped.wait()
+        if not stopped.is_set():
+            self.logger.error(
+                "shutdown: job(s) %s ignored cancellation for %gs past the deadline; "
+                "the scheduler stops waiting for them",
+                ", ".join(repr(r.job.name) for r in runners if r.in_flight),
+                _GRACE,
+            )
+            stopped.set()  # the loops' owner stops waiting and returns
+        threads = [r.job.name for r in runners if r.thread_running]
+        if threads:
+            self.logger.warning(
+                "shutdown: the thread(s) of job(s) %s are still running and cannot be "
+                "interrupted; the process exits when they return",
+                ", ".join(repr(name) for name in threads),
+            )
 
     async def run_now(self, name: str, *, state: Mapping[str, Any] | None = None) -> RunResult:
         """Run one job once, now, and return how it ended.
@@ -329,7 +359,7 @@ class Scheduler:
         Raises :class:`JobRunningError` if a run of the job is going.
         """
         runner = self._runner(name)
-        if runner.stats.running:
+        if runner.busy:
             raise JobRunningError(name)
         if state is None:
             state = self._state if self._state is not None else {}
@@ -391,7 +421,10 @@ class Scheduler:
 
     def _snapshot(self, runner: JobRunner) -> JobStatus:
         return runner.stats.snapshot(
-            runner.job.name, runner.job.schedule.describe(), claims=runner.store is not None
+            runner.job.name,
+            runner.job.schedule.describe(),
+            claims=runner.store is not None,
+            running=runner.busy,
         )
 
     def _runner(self, name: str) -> JobRunner:
@@ -399,6 +432,46 @@ class Scheduler:
             return self._runners[name]
         except KeyError:
             raise JobNotFoundError(name, list(self._runners)) from None
+
+
+# After the shutdown deadline: how long runs that ignore cancellation are
+# cancelled again, and how often, before the lifespan stops waiting for them.
+_GRACE = 5.0
+_RECUT = 0.1
+
+
+def _check_parts(lifespan: object, logger: object, store: object, clock: object) -> None:
+    """Refuse, with what to do, the parts of a Scheduler that cannot work."""
+    if lifespan is not None and not callable(lifespan):
+        raise ConfigurationError(
+            f"Scheduler(lifespan={short(lifespan)}): pass the app's lifespan function "
+            "(app -> async context manager), as FastAPI(lifespan=...) takes it"
+        )
+    if logger is not None and not isinstance(logger, logging.Logger):
+        raise ConfigurationError(
+            f"Scheduler(logger={short(logger)}): pass a logging.Logger, "
+            "e.g. logging.getLogger('myapp.jobs')"
+        )
+    if isinstance(store, str):
+        raise ConfigurationError(
+            f"Scheduler(store={short(store)}): a store is not a URL; wrap it: "
+            "store=SQLAlchemyStore(url) (from fastapi_jobs.stores import SQLAlchemyStore)"
+        )
+    missing = [
+        attr
+        for attr in ("open", "close", "claim", "renew", "release", "beat", "read", "timeout")
+        if store is not None and not hasattr(store, attr)
+    ]
+    if missing:
+        raise ConfigurationError(
+            f"Scheduler(store={short(store)}) is not a store (it has no "
+            f"{', '.join(missing)}): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
+        )
+    if clock is not None and not (hasattr(clock, "now") and hasattr(clock, "sleep_until")):
+        raise ConfigurationError(
+            f"Scheduler(clock={short(clock)}) is not a Clock: pass SystemClock() "
+            "or LoopClock(start) (or an object with now() and sleep_until())"
+        )
 
 
 def _several_processes() -> bool:

@@ -14,6 +14,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from . import _checks
+from ._checks import short
 from ._errors import ConfigurationError
 
 __all__ = ["Cron", "Every", "Schedule"]
@@ -22,6 +24,8 @@ _US = 1_000_000
 # Catch-up counting for cron walks tick by tick; past this many ticks the
 # count is reported as this number (the latest tick is still exact).
 _MAX_COUNTED = 100_000
+MAX_INTERVAL = 100 * 365.25 * 86400
+"""The longest interval: ticks past year 9999 cannot be shown as a datetime."""
 
 
 def _us(ts: float) -> int:
@@ -103,25 +107,31 @@ class Every(Schedule):
         seconds: float = 0,
         offset: float | timedelta = 0,
     ) -> None:
-        parts = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
-        for key, value in parts.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigurationError(f"every({key}=...) takes a number, got {value!r}")
-            if value < 0 or not math.isfinite(value):
-                raise ConfigurationError(
-                    f"every({key}={value!r}) is not allowed: each part of an "
-                    "interval must be a finite number >= 0"
-                )
-        total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+        total = 0.0
+        for key, value, unit in (
+            ("days", days, 86400),
+            ("hours", hours, 3600),
+            ("minutes", minutes, 60),
+            ("seconds", seconds, 1),
+        ):
+            total += unit * _checks.seconds(
+                key, value, context="every(): ", allow_zero=True, maximum=MAX_INTERVAL / unit
+            )
+        if total > MAX_INTERVAL:
+            raise ConfigurationError(
+                f"an interval of {total:g}s is too long: the most is {MAX_INTERVAL:g}s "
+                "(100 years), so that every tick is a date Python can show"
+            )
         period_us = round(total * _US)
         if period_us <= 0:
             raise ConfigurationError(
                 "an interval must be longer than zero: pass days=, hours=, minutes= "
                 "or seconds=, for example every(minutes=5)"
             )
-        off = offset.total_seconds() if isinstance(offset, timedelta) else offset
-        offset_us = round(off * _US)
-        if not 0 <= offset_us < period_us:
+        offset_us = round(
+            _checks.seconds("offset", offset, context="every(): ", allow_zero=True) * _US
+        )
+        if offset_us >= period_us:
             raise ConfigurationError(
                 f"offset={offset!r} must be >= 0 and shorter than the interval "
                 f"({timedelta(microseconds=period_us)})"
@@ -183,11 +193,23 @@ class Cron(Schedule):
             raise ConfigurationError(f"a cron expression is a string, got {expr!r}")
         self.tz = _zone(tz)
         self.expr = " ".join(expr.split())
+        if self.expr.startswith("@"):
+            alias = _ALIASES.get(self.expr.lower())
+            if alias is None:
+                raise ConfigurationError(
+                    f"cron {short(expr)}: the @ names are {', '.join(_ALIASES)}"
+                    + (
+                        " (for @reboot, use run_on_startup=True)"
+                        if self.expr.lower() == "@reboot"
+                        else ""
+                    )
+                )
+            self.expr = alias
         try:
             self._explained = CronSim(self.expr, datetime.now(self.tz)).explain()
         except CronSimError as exc:
             raise ConfigurationError(
-                f"invalid cron expression {expr!r} ({exc}): use 5 fields "
+                f"invalid cron expression {short(expr)} ({exc}): use 5 fields "
                 "'minute hour day month weekday' or 6 with seconds first, "
                 "for example '0 7 * * mon-fri'"
             ) from None
@@ -217,6 +239,18 @@ class Cron(Schedule):
 
     def __hash__(self) -> int:
         return hash((Cron, self.expr, str(self.tz)))
+
+
+# The names Vixie cron takes for common expressions (cronsim takes none).
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 
 
 def _zone(tz: str | tzinfo) -> tzinfo:

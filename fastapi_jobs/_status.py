@@ -139,12 +139,12 @@ class JobStats:
             self.skipped = {}
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
-    def snapshot(self, name: str, schedule: str, claims: bool) -> JobStatus:
+    def snapshot(self, name: str, schedule: str, claims: bool, running: bool) -> JobStatus:
         error = self.last_error
         return JobStatus(
             name=name,
             schedule=schedule,
-            running=self.running,
+            running=running,
             next_run_at=_utc(self.next_run_at),
             last_started_at=_utc(self.last_started_at),
             last_finished_at=_utc(self.last_finished_at),

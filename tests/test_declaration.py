@@ -97,11 +97,35 @@ def test_lambda_needs_a_name() -> None:
     Scheduler().add_job(lambda: None, Every(hours=1), name="ok")
 
 
-@pytest.mark.parametrize("bad_name", ["", "  ", "a/b"])
+@pytest.mark.parametrize(
+    "bad_name",
+    ["", "  ", "a/b", " padded", "x" * 201, "nul\x00", "two\nlines", "esc\x1b[31m", "\ud800"],
+)
 def test_unusable_names_are_refused(bad_name: str) -> None:
-    """Names show up in URLs: empty names and slashes are refused."""
-    with pytest.raises(ConfigurationError, match="not usable"):
+    """Names go into URLs, log lines and a VARCHAR(200) column: what one of them
+    cannot carry is refused at declaration, with the rule."""
+    with pytest.raises(ConfigurationError, match=r"not usable: .*1 to 200 printable characters"):
         Scheduler().add_job(noop, Every(hours=1), name=bad_name)
+
+
+def test_a_huge_name_is_not_echoed_whole() -> None:
+    """The error about a 60,000-character name shows its start and its length."""
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler().add_job(noop, Every(hours=1), name="n" * 60_000)
+    assert len(str(caught.value)) < 300 and "60002 characters" in str(caught.value)
+
+
+@pytest.mark.parametrize("good_name", ["x" * 200, "déjà vu", "billing.digest:eu-1", "名前", "a b"])
+def test_usable_names_are_accepted(good_name: str) -> None:
+    """Any printable name up to 200 characters, spaces and non-ASCII included."""
+    Scheduler().add_job(noop, Every(hours=1), name=good_name)
+
+
+@pytest.mark.parametrize("bad_name", [42, None.__class__, b"bytes"])
+def test_a_name_that_is_not_a_string_is_refused(bad_name: object) -> None:
+    """name= takes a string."""
+    with pytest.raises(ConfigurationError, match="not a string"):
+        Scheduler().add_job(noop, Every(hours=1), name=bad_name)  # type: ignore[arg-type]
 
 
 def test_job_with_two_parameters_is_an_error() -> None:
@@ -162,17 +186,21 @@ def test_accepted_signatures() -> None:
         assert (job.takes_context, job.is_async) == (takes_ctx, is_async), name
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("inf"), "5", timedelta(0)])
+@pytest.mark.parametrize(
+    "timeout", [0, -1, float("inf"), float("nan"), "5", True, timedelta(0), 10**400]
+)
 def test_bad_timeout_is_an_error(timeout: object) -> None:
     """timeout= must be a positive number of seconds or a timedelta."""
     with pytest.raises(ConfigurationError, match="timeout="):
         Scheduler().every(hours=1, timeout=timeout)(noop)  # type: ignore[arg-type]
 
 
-def test_bad_shutdown_timeout_is_an_error() -> None:
-    """shutdown_timeout must be >= 0 or None."""
-    with pytest.raises(ConfigurationError, match="shutdown_timeout"):
-        Scheduler(shutdown_timeout=-1)
+@pytest.mark.parametrize("value", [-1, "5", True, float("inf"), float("nan")])
+def test_bad_shutdown_timeout_is_an_error(value: object) -> None:
+    """shutdown_timeout must be a finite duration >= 0, or None."""
+    with pytest.raises(ConfigurationError, match="shutdown_timeout="):
+        Scheduler(shutdown_timeout=value)  # type: ignore[arg-type]
+    assert Scheduler(shutdown_timeout=0).shutdown_timeout == 0
     assert Scheduler(shutdown_timeout=timedelta(minutes=1)).shutdown_timeout == 60
 
 
@@ -181,3 +209,79 @@ def test_cron_schedule_object_equality() -> None:
     assert Cron("0 7 * * *", tz="UTC") == Cron("0  7 * * *")
     assert Every(minutes=60) == Every(hours=1)
     assert Every(hours=1) != Every(hours=1, offset=5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"days": 10**9}, "too long"),
+        ({"days": 10**7}, "too long"),
+        ({"seconds": float("nan")}, "finite"),
+        ({"hours": "1"}, "not a duration"),
+        ({"minutes": True}, "not a duration"),
+        ({"hours": 1, "offset": float("nan")}, "offset=nan: must be a finite"),
+        ({"hours": 1, "offset": "5"}, "offset='5': not a duration"),
+        ({"hours": 1, "offset": -1}, "offset=-1: must be >= 0"),
+        ({"hours": 1, "offset": 3600}, "shorter than the interval"),
+    ],
+)
+def test_bad_intervals_fail_with_a_configuration_error(
+    options: dict[str, Any], message: str
+) -> None:
+    """Wrong types and values of every() fail as ConfigurationError, never as a raw
+    OverflowError or TypeError, and no interval makes ticks leave the datetime range."""
+    with pytest.raises(ConfigurationError, match=message):
+        Scheduler().every(**options)
+
+
+def test_the_longest_interval_still_has_a_next_tick_as_a_date() -> None:
+    """A 100-year interval is accepted and its next tick is a datetime."""
+    from datetime import UTC, datetime
+
+    schedule = Every(days=36524)
+    assert schedule.next_datetime(datetime.now(UTC)).year < 9999
+
+
+def test_every_without_parentheses_says_how_to_write_it() -> None:
+    """@scheduler.every without parentheses is explained, like cron."""
+    with pytest.raises(ConfigurationError, match=r"@scheduler.every\(hours=1\) \(with parentheses"):
+        Scheduler().every(noop)
+
+
+@pytest.mark.parametrize(
+    ("alias", "expr"),
+    [
+        ("@hourly", "0 * * * *"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@monthly", "0 0 1 * *"),
+        ("@yearly", "0 0 1 1 *"),
+        ("@ANNUALLY", "0 0 1 1 *"),
+    ],
+)
+def test_cron_at_names_are_the_usual_expressions(alias: str, expr: str) -> None:
+    """cron('@daily') and the other @ names of Vixie cron work."""
+    assert Cron(alias) == Cron(expr)
+
+
+def test_cron_at_reboot_points_to_run_on_startup() -> None:
+    """@reboot is no schedule: the error says to use run_on_startup=True."""
+    with pytest.raises(ConfigurationError, match="run_on_startup=True"):
+        Scheduler().cron("@reboot")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"store": "sqlite+aiosqlite:///jobs.db"}, r"wrap it: store=SQLAlchemyStore\(url\)"),
+        ({"store": object()}, "is not a store"),
+        ({"logger": "myapp"}, "pass a logging.Logger"),
+        ({"clock": 5}, "is not a Clock"),
+        ({"lifespan": "resources"}, "lifespan function"),
+    ],
+)
+def test_wrong_scheduler_parts_fail_at_once(options: dict[str, Any], message: str) -> None:
+    """A Scheduler part of the wrong kind fails when made, not at startup."""
+    with pytest.raises(ConfigurationError, match=message):
+        Scheduler(**options)

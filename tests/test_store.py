@@ -274,9 +274,49 @@ def test_bad_store_options_fail_at_declaration() -> None:
     with pytest.raises(ConfigurationError, match="AsyncEngine, a database URL, or a callable"):
         SQLAlchemyStore(42)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="lease"):
-        SQLAlchemyStore("sqlite+aiosqlite://", lease=0)
+        SQLAlchemyStore("sqlite+aiosqlite:///jobs.db", lease=0)
     with pytest.raises(ConfigurationError, match="shorter than a third of the lease"):
-        SQLAlchemyStore("sqlite+aiosqlite://", lease=3, timeout=2)
+        SQLAlchemyStore("sqlite+aiosqlite:///jobs.db", lease=3, timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lease": float("inf")}, "lease=inf: must be a finite"),
+        ({"lease": 10**6}, "lease=1000000: too long"),
+        ({"heartbeat": 1e-9}, "heartbeat=1e-09: must be >= 0.1"),
+        ({"timeout": True}, "timeout=True: not a duration"),
+        ({"lease": "30"}, "lease='30': not a duration"),
+    ],
+)
+def test_store_settings_that_cannot_work_are_refused(
+    options: dict[str, object], message: str
+) -> None:
+    """A lease no crash would ever free, a heartbeat that loops on the database, a
+    bool for a duration: refused with what is wrong."""
+    with pytest.raises(ConfigurationError, match=message):
+        SQLAlchemyStore("sqlite+aiosqlite:///jobs.db", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite+aiosqlite://",
+        "sqlite+aiosqlite:///:memory:",
+        "sqlite+aiosqlite:///file:j?mode=memory&uri=true",
+    ],
+)
+async def test_an_in_memory_sqlite_store_is_refused(url: str) -> None:
+    """Each process would have its own in-memory database and claim every tick:
+    refused as a URL, and as an engine when the store opens."""
+    with pytest.raises(ConfigurationError, match="in-memory SQLite"):
+        SQLAlchemyStore(url)
+    engine = create_async_engine(url, poolclass=sa.pool.StaticPool)
+    try:
+        with pytest.raises(StoreError, match="in-memory SQLite"):
+            await SQLAlchemyStore(engine).open({}, Instance())
+    finally:
+        await engine.dispose()
 
 
 async def test_engine_callable_must_return_an_engine() -> None:

@@ -37,6 +37,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.expression import FunctionElement
 
+from .._checks import seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
 from .._status import ClusterJobStatus, ClusterView, InstanceStatus, Outcome
@@ -118,11 +119,25 @@ def _tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
     return metadata, claims, instances
 
 
-def _seconds(option: str, value: float | timedelta) -> float:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds > 0:
-        raise ConfigurationError(f"SQLAlchemyStore({option}={value!r}): must be > 0 seconds")
-    return seconds
+# A lease is what a killed holder costs its job; renewals keep long runs going,
+# so a long lease buys nothing. Heartbeats faster than this only load the database.
+_MAX_LEASE = 86400.0
+_MIN_HEARTBEAT = 0.1
+
+
+def _in_memory(url: sa.URL) -> bool:
+    """An SQLite database that lives in one process's memory."""
+    database = url.database or ""
+    return url.get_backend_name() == "sqlite" and (
+        database in ("", ":memory:") or url.query.get("mode") == "memory"
+    )
+
+
+_IN_MEMORY = (
+    "is an in-memory SQLite database: each process would have its own, so every "
+    "process would claim every tick. Use a file (sqlite+aiosqlite:///jobs.sqlite3) "
+    "shared by the workers of one host, or PostgreSQL"
+)
 
 
 class SQLAlchemyStore:
@@ -158,9 +173,22 @@ class SQLAlchemyStore:
                 "SQLAlchemyStore takes an AsyncEngine, a database URL, or a callable "
                 f"that returns the engine from the lifespan state; got {engine!r}"
             )
-        self.lease = _seconds("lease", lease)
-        self.timeout = _seconds("timeout", timeout)
-        self.heartbeat = _seconds("heartbeat", heartbeat)
+        if isinstance(engine, str):
+            try:
+                url = sa.make_url(engine)
+            except sa.exc.ArgumentError:
+                raise ConfigurationError(
+                    "SQLAlchemyStore(...) got a string that is not a database URL, e.g. "
+                    "postgresql+asyncpg://user:pass@host/app or sqlite+aiosqlite:///jobs.sqlite3"
+                ) from None
+            if _in_memory(url):
+                raise ConfigurationError(f"SQLAlchemyStore({url!r}) {_IN_MEMORY}")
+        said = "SQLAlchemyStore(): "
+        self.lease = seconds("lease", lease, context=said, maximum=_MAX_LEASE)
+        self.timeout = seconds("timeout", timeout, context=said)
+        self.heartbeat = seconds(
+            "heartbeat", heartbeat, context=said, minimum=_MIN_HEARTBEAT, allow_zero=True
+        )
         if self.timeout >= self.lease / 3:
             raise ConfigurationError(
                 f"SQLAlchemyStore: timeout ({self.timeout:g}s) must be shorter than a third "
@@ -199,6 +227,8 @@ class SQLAlchemyStore:
             if not isinstance(engine, AsyncEngine):
                 raise StoreError(f"the engine callable returned {engine!r}, not an AsyncEngine")
         dialect = engine.dialect.name
+        if _in_memory(engine.url):
+            raise StoreError(f"the store's engine ({engine.url}) {_IN_MEMORY}")
         if dialect not in ("postgresql", "sqlite"):
             raise StoreError(f"SQLAlchemyStore supports PostgreSQL and SQLite, not {dialect!r}")
         # Each store statement stands alone: no BEGIN/COMMIT round trips, and

@@ -1,0 +1,95 @@
+"""What users pass, checked one way: durations and job names.
+
+A duration is a number of seconds (int or float, never a bool) or a
+``timedelta``; it must be finite and within the bounds of the option that
+takes it. Every option checks through :func:`seconds`, so they refuse alike
+and their messages read alike.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from datetime import timedelta
+
+from ._errors import ConfigurationError
+
+__all__ = ["MAX_NAME", "check_name", "seconds", "short"]
+
+MAX_NAME = 200
+"""The longest job name: the claims table holds 200 characters, and a name
+shows up in URLs and in every log line of the job."""
+
+
+def seconds(
+    option: str,
+    value: object,
+    *,
+    context: str = "",
+    minimum: float = 0.0,
+    maximum: float = math.inf,
+    allow_zero: bool = False,
+) -> float:
+    """``value`` as float seconds, or :class:`ConfigurationError` saying why not.
+
+    Messages read ``<context><option>=<value>: <what is wrong>``, e.g.
+    ``job 'digest': timeout=-1: must be > 0 seconds``. ``minimum`` is exclusive
+    unless ``allow_zero``.
+    """
+    said = f"{context}{option}={short(value)}"
+    if isinstance(value, timedelta):
+        number: object = value.total_seconds()
+    else:
+        number = value
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        raise ConfigurationError(f"{said}: not a duration; pass a number of seconds or a timedelta")
+    try:
+        result = float(number)
+    except OverflowError:  # an int too large for a float
+        result = math.inf
+    if math.isnan(result) or math.isinf(result):
+        raise ConfigurationError(f"{said}: must be a finite number of seconds")
+    too_small = result < minimum if allow_zero else result <= minimum
+    if too_small:
+        bound = ">=" if allow_zero else ">"
+        raise ConfigurationError(f"{said}: must be {bound} {minimum:g} seconds")
+    if result > maximum:
+        raise ConfigurationError(f"{said}: too long; the most it takes is {maximum:g} seconds")
+    return result
+
+
+def check_name(name: object) -> str:
+    """``name`` if every place a job's name goes can carry it, else a
+    :class:`ConfigurationError` saying the rule.
+
+    Names go into a URL path (``/jobs/{name}``), log lines, and a
+    ``VARCHAR(200)`` of the claims table on PostgreSQL, which refuses NUL
+    characters and text that is not valid UTF-8.
+    """
+    rule = (
+        f"use 1 to {MAX_NAME} printable characters, no '/', no control "
+        "characters and no spaces at either end"
+    )
+    if not isinstance(name, str):
+        raise ConfigurationError(f"job name {short(name)} is not a string: {rule}")
+    shown = short(name)
+    if not name or len(name) > MAX_NAME or name != name.strip() or "/" in name:
+        raise ConfigurationError(f"job name {shown} is not usable: {rule}")
+    for char in name:
+        # Cc: control characters (NUL, newlines, escapes that forge log lines);
+        # Cs: lone surrogates, which no UTF-8 database can store.
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ConfigurationError(f"job name {shown} is not usable: it holds {char!r}; {rule}")
+    return name
+
+
+def short(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: error messages echo
+    what they were given, and what they were given may be huge or hostile."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails is shown as such
+        return f"<{type(value).__name__} with a failing repr>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"

@@ -1,0 +1,260 @@
+"""Whatever a job does, it hurts no other job and no later tick: a job that raises
+CancelledError, SystemExit or KeyboardInterrupt, a sync job past its timeout, a
+sync function that returns a coroutine, a job that ignores cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from fastapi_jobs import ConfigurationError, Scheduler
+
+from .conftest import HOUR, virtual_scheduler
+
+pytestmark = pytest.mark.looptime
+
+
+def raising(exc: Callable[[], BaseException]) -> Callable[[], object]:
+    async def job() -> None:
+        raise exc()
+
+    return job
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [asyncio.CancelledError, lambda: SystemExit(3), KeyboardInterrupt, GeneratorExit],
+    ids=["CancelledError", "SystemExit", "KeyboardInterrupt", "GeneratorExit"],
+)
+async def test_a_job_raising_a_base_exception_fails_that_run_only(
+    exc: Callable[[], BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A BaseException raised by the job's own code is its failure: recorded, logged
+    with traceback, and the next tick runs; other jobs never notice."""
+    scheduler = virtual_scheduler()
+    scheduler.add_job(raising(exc), __import__("fastapi_jobs").Every(hours=1), name="bad")
+    good = 0
+
+    @scheduler.every(hours=1)
+    async def other() -> None:
+        nonlocal good
+        good += 1
+
+    with caplog.at_level(logging.ERROR, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(3 * HOUR + 1)
+            status = scheduler.job_status("bad")
+    assert (status.runs, status.failures, status.last_outcome) == (3, 3, "failed")
+    assert status.next_run_at is not None  # the loop lives on
+    assert status.last_error is not None
+    assert status.last_error.type == type(exc()).__name__
+    assert good == 3
+    failures = [r for r in caplog.records if r.name == "fastapi_jobs.bad"]
+    assert len(failures) == 3
+    assert failures[0].exc_info is not None
+    assert "not a request to stop the app" in failures[0].getMessage()
+
+
+async def test_a_job_awaiting_a_future_cancelled_elsewhere_fails_and_ticks_on() -> None:
+    """The CancelledError of a future that something else cancelled is the job's
+    failure; run_now returns it in result.error."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def waits() -> None:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(1, future.cancel)
+        await future
+
+    result = await scheduler.run_now("waits")
+    assert result.outcome == "failed"
+    assert isinstance(result.error, asyncio.CancelledError)
+    async with scheduler.running():
+        await anyio.sleep(2 * HOUR + 10)
+        status = scheduler.job_status("waits")
+    assert (status.runs, status.failures) == (3, 3)
+
+
+async def test_cancellation_from_outside_still_cancels_the_run() -> None:
+    """A cancel scope around run_now still cancels it: only the job's own
+    CancelledError counts as a failure."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def slow() -> None:
+        await anyio.sleep(HOUR)
+
+    with anyio.move_on_after(5) as scope:
+        await scheduler.run_now("slow")
+    assert scope.cancelled_caught
+    assert scheduler.job_status("slow").last_outcome == "cancelled"
+
+
+@pytest.mark.looptime(False)  # threads run in real time: so does this test
+async def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync job's thread cannot be stopped: past its timeout the run is reported at
+    once, the job counts as running until the thread returns, and the ticks that
+    come meanwhile are dropped as overlap, never started in another thread."""
+    scheduler = Scheduler(shutdown_timeout=None)
+    lock = threading.Lock()
+    active, most, calls = 0, 0, 0
+    release = threading.Event()
+
+    @scheduler.every(seconds=0.1, timeout=0.05)
+    def blocking() -> None:
+        nonlocal active, most, calls
+        with lock:
+            active, calls = active + 1, calls + 1
+            most = max(most, active)
+        release.wait(10)
+        with lock:
+            active -= 1
+
+    with caplog.at_level(logging.ERROR, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(0.65)  # six ticks go by while the first thread waits
+            during = scheduler.job_status("blocking")
+            calls_during = calls
+            release.set()
+            await anyio.sleep(0.35)
+    after = scheduler.job_status("blocking")
+    assert during.running is True
+    assert calls_during == 1 and most == 1
+    assert after.skipped.get("overlap", 0) >= 4  # counted when the run ends
+    assert after.failures == 1 and after.runs >= 2  # timed out once, then ran again
+    assert after.last_error is not None and after.last_error.type == "TimeoutError"
+    reported = [r.getMessage() for r in caplog.records]
+    assert any("cannot be stopped" in m and "'blocking'" in m for m in reported)
+
+
+async def test_a_sync_job_that_returns_a_coroutine_is_a_failed_run() -> None:
+    """A sync function whose call returns a coroutine ran none of its body: a
+    failed run that says to declare the job async (and no 'never awaited' warning)."""
+    scheduler = Scheduler()
+    ran: list[str] = []
+
+    async def body() -> None:
+        ran.append("body")
+
+    def sync_job() -> object:
+        return body()
+
+    scheduler.add_job(sync_job, __import__("fastapi_jobs").Every(hours=1))
+    result = await scheduler.run_now("sync_job")
+    assert result.outcome == "failed"
+    assert isinstance(result.error, TypeError)
+    assert "returned coroutine" in str(result.error) and "async def" in str(result.error)
+    assert ran == []
+
+
+@pytest.mark.parametrize("kind", ["async generator", "generator"])
+def test_a_generator_function_is_refused_at_declaration(kind: str) -> None:
+    """A generator function's body never runs when called: refused at once."""
+
+    async def agen() -> object:
+        yield 1
+
+    def gen() -> object:
+        yield 1
+
+    with pytest.raises(ConfigurationError, match=r"generator function.*return instead of yield"):
+        Scheduler().every(hours=1)(agen if kind == "async generator" else gen)
+
+
+async def test_shutdown_ends_even_when_a_job_ignores_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job that swallows one cancellation meets another at its next await; one that
+    swallows them all is named, and the lifespan returns after a short grace."""
+    scheduler = virtual_scheduler(shutdown_timeout=2)
+    swallowed: list[str] = []
+
+    @scheduler.every(minutes=1)
+    async def swallows_once() -> None:
+        try:
+            await anyio.sleep(HOUR)
+        except asyncio.CancelledError:
+            swallowed.append("once")
+        await anyio.sleep(HOUR)  # cancelled again here
+
+    lifespan_returned = False
+
+    @scheduler.every(minutes=1)
+    async def swallows_all() -> None:
+        while not lifespan_returned:  # (so that the test's own event loop can close)
+            try:
+                await anyio.sleep(HOUR)
+            except asyncio.CancelledError:
+                swallowed.append("all")
+
+    with caplog.at_level(logging.INFO, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(61)
+            stopping = anyio.current_time()
+    lifespan_returned = True
+    took = anyio.current_time() - stopping
+    assert 2 < took < 2 + 5 + 1  # the deadline, then the grace
+    assert scheduler.job_status("swallows_once").last_outcome == "cancelled"
+    [ignored] = [r.getMessage() for r in caplog.records if "ignored cancellation" in r.getMessage()]
+    assert "'swallows_all'" in ignored and "'swallows_once'" not in ignored
+    assert "once" in swallowed and "all" in swallowed
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="threads and signals")
+def test_sync_job_thread_is_not_two_threads_after_its_run_was_cut() -> None:
+    """After run_now is cut from outside, the job's thread still counts as running:
+    a second run_now is refused until the thread returns."""
+    from fastapi_jobs import JobRunningError
+
+    scheduler = Scheduler()
+    release = threading.Event()
+
+    @scheduler.every(hours=1)
+    def blocking() -> None:
+        release.wait(10)
+
+    async def main() -> None:
+        with anyio.move_on_after(0.05):
+            await scheduler.run_now("blocking")
+        assert scheduler.job_status("blocking").running is True
+        with pytest.raises(JobRunningError):
+            await scheduler.run_now("blocking")
+        release.set()
+        deadline = time.monotonic() + 10
+        while scheduler.job_status("blocking").running and time.monotonic() < deadline:  # noqa: ASYNC110 - a thread sets what it polls
+            await anyio.sleep(0.01)
+        assert (await scheduler.run_now("blocking")).ok
+
+    anyio.run(main)
+
+
+@pytest.mark.looptime(False)  # threads run in real time: so does this test
+async def test_shutdown_names_the_threads_it_leaves_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync job's thread outlives the shutdown deadline: shutdown names it, and the
+    job is still shown running until the thread returns."""
+    scheduler = Scheduler(shutdown_timeout=0.05)
+    started, release = threading.Event(), threading.Event()
+
+    @scheduler.every(seconds=0.1)
+    def stuck_in_io() -> None:
+        started.set()
+        release.wait(10)
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.to_thread.run_sync(started.wait)
+    assert scheduler.job_status("stuck_in_io").running is True
+    release.set()
+    [left] = [r.getMessage() for r in caplog.records if "cannot be interrupted" in r.getMessage()]
+    assert "'stuck_in_io'" in left and "exits when they return" in left
