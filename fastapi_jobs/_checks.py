@@ -12,9 +12,9 @@ import math
 import unicodedata
 from datetime import timedelta
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, short
 
-__all__ = ["MAX_NAME", "check_name", "seconds", "short"]
+__all__ = ["MAX_NAME", "check_name", "seconds"]
 
 MAX_NAME = 200
 """The longest job name: the claims table holds 200 characters, and a name
@@ -81,15 +81,3 @@ def check_name(name: object) -> str:
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise ConfigurationError(f"job name {shown} is not usable: it holds {char!r}; {rule}")
     return name
-
-
-def short(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to about ``limit`` characters: error messages echo
-    what they were given, and what they were given may be huge or hostile."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a repr that fails is shown as such
-        return f"<{type(value).__name__} with a failing repr>"
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text)} characters)"

@@ -19,7 +19,11 @@ __all__ = [
     "JobRunningError",
     "LeaseLostError",
     "StoreError",
+    "short",
 ]
+
+
+_LISTED = 20
 
 
 class FastAPIJobsError(Exception):
@@ -35,8 +39,11 @@ class JobNotFoundError(FastAPIJobsError, LookupError):
 
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
-        listing = ", ".join(repr(k) for k in known) or "none"
-        super().__init__(f"no job named {name!r}; the jobs are: {listing}")
+        # Both go into a 404 body: never echo a huge name, nor list 10,000 jobs.
+        listing = ", ".join(repr(k) for k in known[:_LISTED]) or "none"
+        if len(known) > _LISTED:
+            listing += f" and {len(known) - _LISTED} more"
+        super().__init__(f"no job named {short(name)}; the jobs are: {listing}")
 
 
 class JobRunningError(FastAPIJobsError):
@@ -53,3 +60,15 @@ class LeaseLostError(FastAPIJobsError):
 
 class StoreError(FastAPIJobsError):
     """Raised when a store cannot be used as configured (wrong database, missing table)."""
+
+
+def short(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: error messages echo
+    what they were given, and what they were given may be huge or hostile."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails is shown as such
+        return f"<{type(value).__name__} with a failing repr>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"

@@ -25,7 +25,7 @@ from ._context import JobContext
 from ._errors import LeaseLostError
 from ._job import Job
 from ._leases import LeaseKeeper
-from ._status import JobStats, Outcome
+from ._status import ErrorInfo, JobStats, Outcome
 from ._store import Store
 
 __all__ = ["JobRunner", "RunResult"]
@@ -307,7 +307,7 @@ class JobRunner:
                     self.job.name,
                     fence,
                     stats.last_outcome or "cancelled",
-                    None if error is None else f"{type(error).__name__}: {error}",
+                    None if error is None else str(ErrorInfo.of(error)),
                     stats.last_duration or 0.0,
                 )
         except Exception as exc:  # noqa: BLE001 - retried; else the lease expires

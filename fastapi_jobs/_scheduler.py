@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._checks import seconds, short
+from ._checks import seconds
 from ._clock import Clock, OffsetClock, SystemClock
-from ._errors import ConfigurationError, JobNotFoundError, JobRunningError
+from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, short
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._loops import run_loops
@@ -422,6 +422,7 @@ class Scheduler:
     def _snapshot(self, runner: JobRunner) -> JobStatus:
         return runner.stats.snapshot(
             runner.job.name,
+            self.instance.id,
             runner.job.schedule.describe(),
             claims=runner.store is not None,
             running=runner.busy,

@@ -15,8 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from . import _checks
-from ._checks import short
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, short
 
 __all__ = ["Cron", "Every", "Schedule"]
 

@@ -6,6 +6,7 @@ the hot path); :class:`JobStatus` is the read-only snapshot built on demand.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -20,7 +21,14 @@ __all__ = [
     "JobStatus",
     "Outcome",
     "SkipReason",
+    "utc",
 ]
+
+MAX_MESSAGE = 300
+"""The longest error message kept in status and in the store."""
+# What SQLAlchemy appends to a driver's message: the statement and its bound
+# parameters (which may hold secrets), and a link.
+_SQL_PARTS = re.compile(r"\s*\[SQL: |\s*\[parameters: |\s*\(Background on this error at: ")
 
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
@@ -34,10 +42,32 @@ could not be reached, so the tick was skipped (fail closed)."""
 
 
 class ErrorInfo(BaseModel):
-    """The last error of a job: its type and message, never a traceback."""
+    """The last error of a job: its type and a short message, never a traceback."""
 
     type: str = Field(description="The exception's class name, e.g. 'ValueError'.")
-    message: str = Field(description="str() of the exception.")
+    message: str = Field(
+        description="The first line of str() of the exception, without SQL or "
+        f"parameters, at most {MAX_MESSAGE} characters; the log has the rest."
+    )
+
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorInfo:
+        """What of ``error`` may be shown: a status page is read by more people
+        than the log, and an error's text can carry data (SQLAlchemy appends the
+        statement and its bound parameters, PostgreSQL a DETAIL line with the
+        row's values)."""
+        try:
+            text = str(error)
+        except Exception:  # noqa: BLE001 - a broken __str__ is the job's, not ours
+            text = "(its message could not be read)"
+        text = _SQL_PARTS.split(text, maxsplit=1)[0]
+        text = "".join(c if c.isprintable() else " " for c in text.partition("\n")[0]).strip()
+        if len(text) > MAX_MESSAGE:
+            text = text[: MAX_MESSAGE - 1] + "…"
+        return cls(type=type(error).__name__[:MAX_MESSAGE], message=text)
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
 
 
 class ClusterJobStatus(BaseModel):
@@ -77,6 +107,10 @@ class JobStatus(BaseModel):
     """One job's status, as ``GET /jobs`` returns it."""
 
     name: str
+    instance: str = Field(
+        description="The process that answered (host:pid:random). Every figure here but "
+        "`cluster` is this process's own: with several workers, each has its own counts."
+    )
     schedule: str = Field(description="Human-readable schedule.")
     running: bool = Field(description="A run of this job is going now.")
     next_run_at: datetime | None = Field(
@@ -89,10 +123,10 @@ class JobStatus(BaseModel):
     last_error: ErrorInfo | None = Field(
         description="The error of the latest failed or timed-out run, kept after successes."
     )
-    runs: int = Field(description="Runs started since the process started.")
-    failures: int = Field(description="Runs that failed or timed out.")
-    skipped_ticks: int = Field(description="Ticks that did not run, all reasons.")
-    skipped: dict[str, int] = Field(description="Skipped ticks by reason.")
+    runs: int = Field(description="Runs started in this process since it started.")
+    failures: int = Field(description="Runs in this process that failed or timed out.")
+    skipped_ticks: int = Field(description="Ticks that did not run in this process.")
+    skipped: dict[str, int] = Field(description="This process's skipped ticks by reason.")
     claims: bool = Field(
         description="Ticks are claimed in the store, so each runs on one instance only."
     )
@@ -102,8 +136,15 @@ class JobStatus(BaseModel):
     )
 
 
-def _utc(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+def utc(ts: float | None) -> datetime | None:
+    """``ts`` as an aware UTC datetime; None for None, and for an instant no
+    datetime can hold (a custom schedule's far future must not break status)."""
+    if ts is None:
+        return None
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 class JobStats:
@@ -139,20 +180,21 @@ class JobStats:
             self.skipped = {}
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
-    def snapshot(self, name: str, schedule: str, claims: bool, running: bool) -> JobStatus:
+    def snapshot(
+        self, name: str, instance: str, schedule: str, claims: bool, running: bool
+    ) -> JobStatus:
         error = self.last_error
         return JobStatus(
             name=name,
+            instance=instance,
             schedule=schedule,
             running=running,
-            next_run_at=_utc(self.next_run_at),
-            last_started_at=_utc(self.last_started_at),
-            last_finished_at=_utc(self.last_finished_at),
+            next_run_at=utc(self.next_run_at),
+            last_started_at=utc(self.last_started_at),
+            last_finished_at=utc(self.last_finished_at),
             last_duration_s=self.last_duration,
             last_outcome=self.last_outcome,
-            last_error=None
-            if error is None
-            else ErrorInfo(type=type(error).__name__, message=str(error)),
+            last_error=None if error is None else ErrorInfo.of(error),
             runs=self.runs,
             failures=self.failures,
             skipped_ticks=sum(self.skipped.values()) if self.skipped else 0,

@@ -542,3 +542,58 @@ async def test_claims_due_at_one_instant_share_one_statement(database_url: str) 
             await conn.execute(sa.text("SELECT outcome, lease_until FROM fastapi_jobs_claims"))
         ).all()
     assert rows and all(row == ("ok", None) for row in rows)  # every claim released
+
+
+async def test_a_failed_query_shows_neither_its_sql_nor_its_parameters(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job's failed INSERT: status and the claims table keep the error's type and
+    first line, never the statement or its bound values (an API key); the log has it all."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'app.sqlite3'}"
+    async with engine_for(url) as engine:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE users (email TEXT UNIQUE, api_key TEXT)"))
+        scheduler = instance(engine)
+
+        @scheduler.every(seconds=0.1)
+        async def import_users(ctx: JobContext) -> None:
+            async with ctx.state["db"].begin() as conn:
+                for _ in range(2):
+                    await conn.execute(
+                        sa.text("INSERT INTO users (email, api_key) VALUES (:e, :k)"),
+                        {"e": "a@example.com", "k": "sk_live_SECRET"},
+                    )
+
+        with caplog.at_level(logging.ERROR, logger="fastapi_jobs"):
+            async with scheduler.running({"db": engine}):
+                await anyio.sleep(0.35)
+                [status] = await scheduler.cluster_status()
+        async with engine.connect() as conn:
+            stored = (
+                await conn.execute(sa.text("SELECT error FROM fastapi_jobs_claims"))
+            ).scalar_one()
+    assert status.last_error is not None
+    shown = status.last_error.model_dump_json() + (stored or "") + str(status.cluster)
+    assert status.last_error.type == "IntegrityError"
+    assert "UNIQUE constraint failed: users.email" in status.last_error.message
+    for secret in ("sk_live_SECRET", "INSERT", "a@example.com", "[SQL", "parameters"):
+        assert secret not in shown
+    assert "sk_live_SECRET" in caplog.text  # the full detail goes to the log only
+
+
+def test_an_error_message_is_cut_to_one_printable_line() -> None:
+    """A huge, multi-line message with control characters is one short line."""
+    from fastapi_jobs import ErrorInfo
+
+    class Odd(Exception):
+        def __str__(self) -> str:
+            return "first\x1b[31m line " + "x" * 10_000 + "\nDETAIL: Key (email)=(bob@example.com)"
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    info = ErrorInfo.of(Odd())
+    assert info.message.startswith("first") and len(info.message) == 300
+    assert "\x1b" not in info.message and "bob@" not in info.message
+    assert ErrorInfo.of(Unprintable()).message == "(its message could not be read)"

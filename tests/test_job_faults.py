@@ -14,7 +14,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from fastapi_jobs import ConfigurationError, Scheduler
+from fastapi_jobs import ConfigurationError, Every, Scheduler
 
 from .conftest import HOUR, virtual_scheduler
 
@@ -39,7 +39,7 @@ async def test_a_job_raising_a_base_exception_fails_that_run_only(
     """A BaseException raised by the job's own code is its failure: recorded, logged
     with traceback, and the next tick runs; other jobs never notice."""
     scheduler = virtual_scheduler()
-    scheduler.add_job(raising(exc), __import__("fastapi_jobs").Every(hours=1), name="bad")
+    scheduler.add_job(raising(exc), Every(hours=1), name="bad")
     good = 0
 
     @scheduler.every(hours=1)
@@ -148,7 +148,7 @@ async def test_a_sync_job_that_returns_a_coroutine_is_a_failed_run() -> None:
     def sync_job() -> object:
         return body()
 
-    scheduler.add_job(sync_job, __import__("fastapi_jobs").Every(hours=1))
+    scheduler.add_job(sync_job, Every(hours=1))
     result = await scheduler.run_now("sync_job")
     assert result.outcome == "failed"
     assert isinstance(result.error, TypeError)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import anyio
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
+
+from fastapi_jobs import Every, Schedule
 
 from .conftest import HOUR, serve, virtual_scheduler
 
@@ -12,6 +16,7 @@ pytestmark = pytest.mark.looptime
 
 FIELDS = {
     "name",
+    "instance",
     "schedule",
     "running",
     "next_run_at",
@@ -135,3 +140,72 @@ async def test_requests_are_served_while_a_job_fails() -> None:
             await anyio.sleep(HOUR)
             assert (await client.get("/health")).json() == {"status": "ok"}
         assert (await client.get("/jobs/flaky")).json()["failures"] == 3
+
+
+async def test_each_answer_names_the_process_whose_figures_it_gives() -> None:
+    """Every job object carries `instance`: the counts are that process's own."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def job() -> None:
+        pass
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        listed = (await client.get("/jobs")).json()
+        one = (await client.get("/jobs/job")).json()
+    assert listed[0]["instance"] == one["instance"] == scheduler.instance.id
+    assert f":{os.getpid()}:" in one["instance"]
+
+
+async def test_a_404_echoes_neither_a_huge_name_nor_every_job() -> None:
+    """A 60,000-character name comes back cut, and the list of jobs is capped."""
+    scheduler = virtual_scheduler()
+    for k in range(30):
+
+        async def job() -> None:
+            pass
+
+        scheduler.add_job(job, Every(hours=1), name=f"job{k}")
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        response = await client.get("/jobs/" + "x" * 60_000)
+    assert response.status_code == 404
+    detail = response.json()["detail"]
+    assert len(detail) < 600
+    assert "60002 characters" in detail and "and 10 more" in detail
+
+
+class FarFuture(Schedule):
+    """A user's schedule whose next tick no datetime can hold."""
+
+    def next_after(self, ts: float) -> float:
+        return 1e15
+
+    def describe(self) -> str:
+        return "in the far future"
+
+
+async def test_one_far_future_schedule_does_not_break_the_status_of_every_job() -> None:
+    """GET /jobs answers even when one job's next tick is past year 9999."""
+    scheduler = virtual_scheduler()
+
+    async def far() -> None:
+        pass
+
+    async def near() -> None:
+        pass
+
+    scheduler.add_job(far, FarFuture())
+    scheduler.add_job(near, Every(hours=1))
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        await anyio.sleep(10)
+        response = await client.get("/jobs")
+    assert response.status_code == 200
+    far_status, near_status = response.json()
+    assert far_status["next_run_at"] is None
+    assert near_status["next_run_at"] == "2026-03-02T01:00:00Z"

@@ -40,7 +40,7 @@ from sqlalchemy.sql.expression import FunctionElement
 from .._checks import seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
-from .._status import ClusterJobStatus, ClusterView, InstanceStatus, Outcome
+from .._status import ClusterJobStatus, ClusterView, InstanceStatus, Outcome, utc
 from .._store import Instance
 
 __all__ = ["SQLAlchemyStore"]
@@ -385,10 +385,10 @@ class SQLAlchemyStore:
         return ClusterView(
             jobs={
                 row["job"]: ClusterJobStatus(
-                    last_tick=_utc(row["last_tick"]),
+                    last_tick=utc(row["last_tick"]),
                     fence=row["fence"],
-                    last_started_at=_utc(row["started_at"]),
-                    last_finished_at=_utc(row["finished_at"]),
+                    last_started_at=utc(row["started_at"]),
+                    last_finished_at=utc(row["finished_at"]),
                     last_duration_s=row["duration"],
                     last_outcome=row["outcome"],
                     last_error=row["error"],
@@ -673,7 +673,3 @@ class _Batch:
     def __init__(self) -> None:
         self.rows: list[tuple[str, Any]] = []
         self.sent: asyncio.Task[Any] | None = None
-
-
-def _utc(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
