@@ -2,6 +2,9 @@
 
 SQLite by default (a file in the working directory); set DATABASE_URL to use
 another database, e.g. ``postgresql+asyncpg://user:pass@localhost/app``.
+
+The job status at /jobs is for admins: set JOBS_TOKEN and send it as
+``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
 from sqlalchemy.exc import DBAPIError
@@ -27,6 +31,7 @@ from fastapi_jobs import JobContext, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///example_app.sqlite3")
+JOBS_TOKEN = os.environ.get("JOBS_TOKEN", "")
 
 metadata = MetaData()
 sessions = Table(
@@ -120,8 +125,29 @@ def refresh_rates() -> None:
     rates["EUR/USD"] = 1.08
 
 
+bearer = HTTPBearer(auto_error=False)
+
+
+async def require_admin(
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+) -> None:
+    """The job status tells what runs when, on which host, and what failed:
+    for the app's operators, not for every visitor."""
+    if not JOBS_TOKEN:
+        raise HTTPException(
+            503, "set JOBS_TOKEN in the app's environment to read /jobs (as a Bearer token)"
+        )
+    given = "" if credentials is None else credentials.credentials
+    if not secrets.compare_digest(given.encode(), JOBS_TOKEN.encode()):
+        raise HTTPException(
+            401,
+            "send the app's JOBS_TOKEN: Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 app = FastAPI(title="fastapi_jobs example", lifespan=scheduler.lifespan)
-app.include_router(scheduler.router)
+app.include_router(scheduler.router, dependencies=[Depends(require_admin)])
 
 
 class NewSession(BaseModel):

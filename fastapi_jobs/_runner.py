@@ -390,6 +390,10 @@ class JobRunner:
             stats.last_outcome = outcome
             if outcome != "ok":
                 self._report(outcome, error, duration)
+            elif self._parent_logger.isEnabledFor(logging.DEBUG):
+                self.logger.debug(
+                    "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
+                )
         return outcome
 
     @property

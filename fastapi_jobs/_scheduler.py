@@ -19,10 +19,11 @@ from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, short
 from ._job import Job
 from ._leases import LeaseKeeper
+from ._logging import make_visible
 from ._loops import run_loops
 from ._runner import JobRunner, RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterView, JobStatus
+from ._status import ClusterView, JobStatus, utc
 from ._store import Instance, Store
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class Scheduler:
         self.store = store
         # Jobs tick on this clock: with a store, shifted onto the database's.
         self._ticking_clock = OffsetClock(self.clock) if store is not None else self.clock
+        self._offset_known = False
         self._leases = LeaseKeeper(store) if store is not None else None
         self.instance = Instance()
         self._app_lifespan = lifespan
@@ -246,11 +248,13 @@ class Scheduler:
         runners = list(self._runners.values())
         stopped = anyio.Event()
         store = self.store
+        make_visible(self.logger)
         self._warn_if_unclaimed_in_several_processes()
         try:
             if store is not None:
                 await store.open(self._state, self.instance)
                 await self._beat_once(store)  # learn the database's time before ticking
+            self._log_start(runners)
             async with anyio.create_task_group() as tg:
                 beating, keeping = anyio.CancelScope(), anyio.CancelScope()
                 if store is not None:
@@ -290,7 +294,45 @@ class Scheduler:
             return
         if isinstance(self._ticking_clock, OffsetClock):
             # The database read its clock about halfway through the round trip.
-            self._ticking_clock.offset = db_time - (sent + received) / 2
+            offset = db_time - (sent + received) / 2
+            moved = offset - self._ticking_clock.offset
+            if self._offset_known and abs(moved) > 1:
+                self.logger.warning(
+                    "this host's clock moved %+.1fs against the database's; ticking on "
+                    "the database's time (the store refuses claims of future ticks)",
+                    -moved,
+                )
+            self._ticking_clock.offset, self._offset_known = offset, True
+
+    def _log_start(self, runners: list[JobRunner]) -> None:
+        """One line per job (a summary past the first few dozen): what runs when."""
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        now = self._ticking_clock.now()
+        for runner in runners[:_LISTED_AT_START]:
+            job = runner.job
+            where = (
+                "claimed in the store (one instance per tick)"
+                if runner.store is not None
+                else "in every instance"
+                if job.every_instance
+                else "in this process (no store)"
+            )
+            try:
+                nxt = utc(job.schedule.next_after(now))
+            except Exception:  # noqa: BLE001 - a user's schedule; its loop reports it
+                nxt = None
+            self.logger.info(
+                "job %r: %s, next run %s, %s",
+                job.name,
+                job.schedule.describe(),
+                "unknown" if nxt is None else nxt.isoformat(timespec="seconds"),
+                where,
+            )
+        if len(runners) > _LISTED_AT_START:
+            self.logger.info(
+                "and %d more jobs (GET /jobs lists them all)", len(runners) - _LISTED_AT_START
+            )
 
     def _warn_if_unclaimed_in_several_processes(self) -> None:
         unclaimed = [
@@ -434,6 +476,9 @@ class Scheduler:
         except KeyError:
             raise JobNotFoundError(name, list(self._runners)) from None
 
+
+# Start-up lines name each job up to this many; then one line counts the rest.
+_LISTED_AT_START = 50
 
 # After the shutdown deadline: how long runs that ignore cancellation are
 # cancelled again, and how often, before the lifespan stops waiting for them.

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
+from sqlalchemy import event
 
 from fastapi_jobs import LoopClock, Scheduler
 
@@ -64,6 +66,21 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture
+def on_statement() -> Iterator[Callable[[Callable[..., None]], None]]:
+    """Call ``listen(fn)`` to have ``fn`` see every statement any engine sends (the
+    store opens an engine of its own on SQLite); removed after the test."""
+    added: list[Callable[..., None]] = []
+
+    def listen(fn: Callable[..., None]) -> None:
+        event.listen(sa.engine.Engine, "before_cursor_execute", fn)
+        added.append(fn)
+
+    yield listen
+    for fn in added:
+        event.remove(sa.engine.Engine, "before_cursor_execute", fn)
 
 
 BACKENDS = ["sqlite", "asyncpg", "psycopg"]

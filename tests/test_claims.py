@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -119,11 +119,11 @@ async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str
         assert 1 < len(job_runs) <= 2
 
 
-async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(database_url: str) -> None:
+async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
+    database_url: str, on_statement: Callable[[Callable[..., None]], None]
+) -> None:
     """Short runs end before their first renewal is due and send none; a run as long
     as 1.7 leases renews about every third of the lease."""
-    from sqlalchemy import event
-
     renewals: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, params: object, *args: object) -> None:
@@ -131,7 +131,7 @@ async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(database_url
             renewals.append(str(params))
 
     async with engine_for(database_url) as engine:
-        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        on_statement(count)
         scheduler = instance(engine, lease=0.6, timeout=0.19)
 
         @scheduler.every(seconds=0.1)
@@ -502,11 +502,11 @@ async def test_status_shows_the_last_run_across_instances_and_the_instances(
     assert all(i["pid"] == os.getpid() for i in instances)
 
 
-async def test_claims_due_at_one_instant_share_one_statement(database_url: str) -> None:
+async def test_claims_due_at_one_instant_share_one_statement(
+    database_url: str, on_statement: Callable[[Callable[..., None]], None]
+) -> None:
     """40 jobs due at the same tick are claimed in one multi-row statement, not 40,
     and their runs, which end together, are released in one statement too."""
-    from sqlalchemy import event
-
     claim_statements = release_statements = 0
 
     def count(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -518,7 +518,7 @@ async def test_claims_due_at_one_instant_share_one_statement(database_url: str) 
 
     runs: list[tuple[str, datetime, int | None]] = []
     async with engine_for(database_url) as engine:
-        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        on_statement(count)
         scheduler = instance(engine)
         for n in range(40):
 

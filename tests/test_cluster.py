@@ -321,3 +321,35 @@ def test_graceful_stop_of_the_holder_lets_a_peer_run_the_next_tick_on_time(
     assert min(r[5] for r in later) < signalled_at + 0.2 + 0.25 + 0.6
     assert all(r[1] > run[1] for r in later)
     assert "cancelling it" in holder.output()
+
+
+def test_after_a_long_outside_lock_sqlite_workers_recover_within_a_timeout(
+    tmp_path: Path, apps: list[App]
+) -> None:
+    """Three workers on one SQLite file, 10 jobs writing each second, an outside
+    BEGIN EXCLUSIVE held for 8 s (many store timeouts): within about one store
+    timeout of the lock's end, an outside write goes through and runs resume."""
+    import sqlite3
+
+    path = tmp_path / "locked.sqlite3"
+    url = f"sqlite+aiosqlite:///{path}"
+    apps.extend(start(url, 3, JOBS=10, INTERVAL=1, TIMEOUT=1, LEASE=10))
+    wait_until(lambda: len(runs(url)) >= 10, timeout=30)
+    locker = sqlite3.connect(path, timeout=5, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    time.sleep(8)
+    locker.execute("COMMIT")
+    locker.close()
+    unlocked = time.time()
+
+    def outside_write() -> bool:
+        try:
+            with sqlite3.connect(path, timeout=0.2) as conn:
+                conn.execute("INSERT INTO writes VALUES ('probe', 0, 'test', 0)")
+            return True
+        except sqlite3.OperationalError:
+            return False
+
+    wait_until(outside_write, timeout=6)  # one timeout, and a wide margin
+    wait_until(lambda: any(started > unlocked + 1 for *_, started, _ in runs(url)), timeout=6)
+    assert_one_run_per_tick(url, lost_answers=True)

@@ -24,11 +24,33 @@ from .postgres import free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 
+TOKEN = "t0ken-for-tests"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.fixture
 def database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "example.sqlite3"
     monkeypatch.setattr(main, "DATABASE_URL", f"sqlite+aiosqlite:///{path}")
+    monkeypatch.setattr(main, "JOBS_TOKEN", TOKEN)
     return path
+
+
+async def test_job_status_is_for_admins_only(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/jobs answers 401 without the token or with a wrong one, 200 with it, and 503
+    (saying to set JOBS_TOKEN) when the app has none; the app's own routes stay open."""
+    async with serve(main.app) as client:
+        assert (await client.get("/jobs")).status_code == 401
+        wrong = await client.get("/jobs/send_digest", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert (await client.get("/jobs/instances")).status_code == 401
+        assert (await client.get("/jobs", headers=ADMIN)).status_code == 200
+        assert (await client.get("/sessions")).status_code == 200
+        monkeypatch.setattr(main, "JOBS_TOKEN", "")
+        unset = await client.get("/jobs", headers={"Authorization": "Bearer "})
+    assert unset.status_code == 503 and "JOBS_TOKEN" in unset.json()["detail"]
 
 
 async def test_expire_sessions_deletes_only_expired_sessions(database: Path) -> None:
@@ -56,7 +78,7 @@ async def test_digest_writes_a_row_and_refresh_rates_fails_now_and_then(database
         await client.post("/sessions", json={"user": "ana"})
         assert (await main.scheduler.run_now("send_digest")).ok
         outcomes = [(await main.scheduler.run_now("refresh_rates")).outcome for _ in range(3)]
-        status = (await client.get("/jobs/refresh_rates")).json()
+        status = (await client.get("/jobs/refresh_rates", headers=ADMIN)).json()
         digest = await main.scheduler.run_now("send_digest")
     assert digest.ok
     assert "failed" in outcomes
@@ -75,7 +97,7 @@ def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "example_app"],
         cwd=tmp_path,  # the default SQLite file lands in the working directory
-        env={**os.environ, "PORT": port, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PORT": port, "PYTHONPATH": str(ROOT), "JOBS_TOKEN": TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -83,8 +105,7 @@ def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs", timeout=2) as r:
-                    jobs = json.load(r)
+                jobs = get_json(f"http://127.0.0.1:{port}/jobs")
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
@@ -115,7 +136,7 @@ def test_example_app_with_four_workers_shares_one_sqlite_store(tmp_path: Path) -
                 "4",
             ],
             cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), "JOBS_TOKEN": TOKEN},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -142,5 +163,6 @@ def test_example_app_with_four_workers_shares_one_sqlite_store(tmp_path: Path) -
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    request = urllib.request.Request(url, headers=ADMIN)
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -61,16 +62,17 @@ async def test_a_newer_tick_waits_for_the_lease(database_url: str) -> None:
         assert await peer.claim("digest", 200.0) is None
         await a.release("digest", 1, "ok", None, 1.0)
         assert await peer.claim("digest", 200.0) == 2
+        await peer.close()
 
 
 async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_url: str) -> None:
     """A holder that stops renewing loses the job after its lease; its renewals then fail."""
-    async with opened(database_url, lease=0.3, timeout=0.05) as (holder, engine):
-        peer = SQLAlchemyStore(engine, lease=0.3, timeout=0.05)
+    async with opened(database_url, lease=0.6, timeout=0.15) as (holder, engine):
+        peer = SQLAlchemyStore(engine, lease=0.6, timeout=0.15)
         await peer.open({}, Instance())
         assert await holder.claim("digest", 100.0) == 1
         assert await holder.renew("digest", 1)
-        await anyio.sleep(0.4)  # the lease (on the database's clock) runs out
+        await anyio.sleep(0.8)  # the lease (on the database's clock) runs out
         assert await peer.claim("digest", 200.0) == 2
         assert not await holder.renew("digest", 1)
         await holder.release("digest", 1, "ok", None, 1.0)  # a stale release changes nothing
@@ -78,6 +80,7 @@ async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_u
         assert view.jobs["digest"].fence == 2
         assert view.jobs["digest"].running_on == peer._owner
         assert view.jobs["digest"].last_outcome is None
+        await peer.close()
 
 
 async def test_release_records_the_outcome_cluster_wide(database_url: str) -> None:
@@ -102,19 +105,17 @@ async def test_release_records_the_outcome_cluster_wide(database_url: str) -> No
 
 
 async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outcome(
-    database_url: str,
+    database_url: str, on_statement: Callable[[Callable[..., None]], None]
 ) -> None:
     """Three releases sent together: one statement, each row its own outcome, error
     and duration; a release naming a stale fence changes nothing."""
-    from sqlalchemy import event
-
     statements: list[str] = []
-    async with opened(database_url) as (store, engine):
+    async with opened(database_url) as (store, _):
 
         def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
             statements.append(statement)
 
-        event.listen(engine.sync_engine, "before_cursor_execute", seen)
+        on_statement(seen)
         fences: dict[str, int] = {}
         for job in ("a", "b", "c"):
             fence = await store.claim(job, 100.0)
@@ -197,6 +198,7 @@ async def test_close_removes_the_instance_row(database_url: str) -> None:
     assert [i.id for i in (await watcher.read()).instances] == [store._owner]
     await store.close()
     assert (await watcher.read()).instances == []
+    await watcher.close()
     await engine.dispose()
 
 
@@ -340,3 +342,119 @@ async def test_a_renewal_after_the_release_does_not_take_the_lease_back(database
         await store.release("digest", fence, "ok", None, 0.1)
         assert not await store.renew("digest", fence)
         assert await store.claim("digest", 2.0) == 2
+
+
+async def test_a_row_the_database_refuses_fails_alone_in_its_batch(database_url: str) -> None:
+    """Claims due together share one statement; one that the database refuses (a
+    name longer than the column, on PostgreSQL) fails for its job only, and a
+    release whose error text the database refuses (a NUL) fails for its job only."""
+    async with opened(database_url) as (store, _):
+        too_long = "x" * 300
+        results = await asyncio.gather(
+            store.claim("good", 10.0),
+            store.claim(too_long, 10.0),
+            store.claim("also_good", 10.0),
+            return_exceptions=True,
+        )
+        if database_url.startswith("sqlite"):
+            assert list(results) == [1, 1, 1]  # SQLite keeps any length
+        else:
+            assert results[0] == 1 and results[2] == 1
+            assert isinstance(results[1], sa.exc.DBAPIError)
+        released = await asyncio.gather(
+            store.release("good", 1, "failed", "Bad\x00Error", 0.1),
+            store.release("also_good", 1, "ok", None, 0.1),
+            return_exceptions=True,
+        )
+        view = await store.read()
+    assert released[1] is None
+    assert view.jobs["also_good"].last_outcome == "ok"
+    if not database_url.startswith("sqlite"):
+        assert isinstance(released[0], Exception)  # PostgreSQL text holds no NUL
+
+
+@pytest.mark.parametrize("how", ["DROP TABLE", "DELETE FROM"])
+async def test_claims_recover_after_the_table_is_dropped_or_emptied(
+    database_url: str, how: str
+) -> None:
+    """The claims table dropped (or emptied) under a running store: the next claim
+    after the failure finds it again (recreated), with no restart."""
+    async with opened(database_url) as (store, engine):
+        assert await store.claim("digest", 10.0) == 1
+        await store.release("digest", 1, "ok", None, 0.1)
+        async with engine.begin() as conn:
+            await conn.execute(sa.text(f"{how} fastapi_jobs_claims"))
+        fences: list[int | str | None] = []
+        for tick in (11.0, 12.0, 13.0):
+            try:
+                fences.append(await store.claim("digest", tick))
+            except sa.exc.DBAPIError:
+                fences.append("failed")
+            else:
+                await store.release("digest", fences[-1], "ok", None, 0.1)  # type: ignore[arg-type]
+    # At most the first claim after the drop fails; then the table is back.
+    assert fences[-2:] in ([1, 2], [2, 3])
+    assert fences[0] in ("failed", 1)
+
+
+async def test_a_tick_in_the_future_on_the_database_clock_is_not_claimed(
+    database_url: str,
+) -> None:
+    """A host whose clock jumped ahead cannot claim a tick the database has not
+    reached (beyond a second), so it cannot block the tick the others claim next."""
+    import time
+
+    async with opened(database_url) as (store, _):
+        now = time.time()
+        assert await store.claim("digest", now + 30) is None  # the jumped host
+        assert await store.last_tick("digest") is None  # nothing recorded: first claim refused
+        assert await store.claim("digest", now - 1) == 1  # the healthy host, on time
+        await store.release("digest", 1, "ok", None, 0.1)
+        assert await store.claim("digest", now + 30) is None  # again, now as an update
+        assert await store.claim("digest", now + 0.5) == 2  # within the margin
+        assert await store.last_tick("digest") == pytest.approx(now + 0.5)
+
+
+async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
+    database_url: str,
+) -> None:
+    """The first claim waits for the tables however long their creation takes (here
+    another worker's CREATE of the same table holds it 0.5 s); the claim's own
+    short deadline starts after."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's catalog is where concurrent CREATEs wait on each other")
+    engine = create_async_engine(database_url)
+    other = await engine.connect()
+    await other.begin()
+    await other.execute(sa.text("CREATE TABLE fastapi_jobs_claims (job TEXT)"))
+
+    async def roll_back_later() -> None:
+        await anyio.sleep(0.5)
+        await other.rollback()
+        await other.close()
+
+    async with (
+        opened(database_url, engine=engine, lease=0.6, timeout=0.05) as (store, _),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(roll_back_later)
+        assert await store.claim("digest", 100.0) == 1
+
+
+def test_without_sqlalchemy_the_import_says_which_extra_to_install() -> None:
+    """`import fastapi_jobs.stores` without SQLAlchemy names the extras to install;
+    the core imports without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['sqlalchemy'] = None\n"
+        "import fastapi_jobs\n"
+        "try:\n"
+        "    import fastapi_jobs.stores\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'fastapi-jobs[sqlite]'" in out.stdout
+    assert "'fastapi-jobs[postgres]'" in out.stdout

@@ -9,6 +9,15 @@ Imported only when used, so the core does not need SQLAlchemy::
 
 from __future__ import annotations
 
-from ._sqlalchemy import SQLAlchemyStore
+try:
+    from ._sqlalchemy import SQLAlchemyStore
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on what is installed
+    if exc.name != "sqlalchemy":
+        raise
+    raise ModuleNotFoundError(
+        "SQLAlchemyStore needs SQLAlchemy and a driver: pip install 'fastapi-jobs[sqlite]' "
+        "(aiosqlite), 'fastapi-jobs[postgres]' (asyncpg) or 'fastapi-jobs[psycopg]'",
+        name=exc.name,
+    ) from exc
 
 __all__ = ["SQLAlchemyStore"]

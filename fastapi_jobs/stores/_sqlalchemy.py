@@ -231,14 +231,32 @@ class SQLAlchemyStore:
             raise StoreError(f"the store's engine ({engine.url}) {_IN_MEMORY}")
         if dialect not in ("postgresql", "sqlite"):
             raise StoreError(f"SQLAlchemyStore supports PostgreSQL and SQLite, not {dialect!r}")
+        if dialect == "sqlite":
+            # The same file through connections of the store's own, whose busy
+            # timeout is the store's: a statement behind a lock then fails by
+            # itself within `timeout`, before the operation's deadline could cut
+            # it mid-statement. Cut there, aiosqlite's connections lingered, each
+            # holding or waiting for the file's lock, and after a long outside
+            # lock the workers of a host kept each other locked out (and the
+            # app's pool, which the store borrowed, with them). SQLite has no
+            # server connections to save by sharing the app's pool.
+            if self._owned is not None:
+                await self._owned.dispose()
+            engine = self._owned = create_async_engine(
+                engine.url, connect_args={"timeout": self.timeout}
+            )
         # Each store statement stands alone: no BEGIN/COMMIT round trips, and
-        # the pool is still the app's own.
+        # (on PostgreSQL) the pool is the app's own.
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._instance = instance
         self._ready = False
         self._by_size = {}
         self._statements = self._build(dialect)
         self._ensure_lock = asyncio.Lock()  # bound to this loop
+        if self._create_tables:
+            # Start on the tables now, so that the first tick does not wait for DDL;
+            # a database that is down only delays it to the first operation.
+            self._spawn(self._ensure_ready())
 
     async def close(self) -> None:
         try:
@@ -262,19 +280,19 @@ class SQLAlchemyStore:
     async def claim(self, job: str, tick: float) -> int | None:
         sent = self._join("claim", job, tick)
         try:
-            fences: dict[str, int] = await asyncio.shield(sent)
+            fences: dict[str, int | Exception] = await asyncio.shield(sent)
         except BaseException:
             # The caller gave up (its deadline, shutdown). Should the claim be made
             # all the same, nobody runs it: free it, or the job waits out a lease.
             sent.add_done_callback(partial(self._abandoned, job))
             raise
-        return fences.get(job)
+        return _own(fences, job)
 
-    def _abandoned(self, job: str, sent: asyncio.Task[dict[str, int]]) -> None:
+    def _abandoned(self, job: str, sent: asyncio.Task[dict[str, int | Exception]]) -> None:
         if sent.cancelled() or sent.exception() is not None:
             return
         fence = sent.result().get(job)
-        if fence is not None:
+        if isinstance(fence, int):
             error = "StoreError: the claim came back after its deadline; the tick did not run"
             self._spawn(self.release(job, fence, "cancelled", error, 0.0))
 
@@ -286,7 +304,8 @@ class SQLAlchemyStore:
     async def release(
         self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
     ) -> None:
-        await asyncio.shield(self._join("release", job, (fence, outcome, error, duration)))
+        sent = self._join("release", job, (fence, outcome, error, duration))
+        _own(await asyncio.shield(sent), job)
 
     # -- batches ------------------------------------------------------------
 
@@ -322,35 +341,46 @@ class SQLAlchemyStore:
 
     async def _claim_all(
         self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
-    ) -> dict[str, int]:
-        fences: dict[str, int] = {}
-        for chunk in chunks:
+    ) -> dict[str, int | Exception]:
+        fences: dict[str, int | Exception] = {}
+
+        async def claim_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {
                 "b_owner": self._owner,
                 "b_lease": self.lease,
                 "b_timeout": self.timeout,
+                "b_early": _EARLY,
                 "b_sent": time.time(),
             }
-            for k, (job, tick) in enumerate(chunk):
+            for k, (job, tick) in enumerate(rows):
                 params[f"b_job{k}"] = job
                 params[f"b_tick{k}"] = tick
-            result = await self._execute_sized(conn, "claim", len(chunk), params)
+            result = await self._execute_sized(conn, "claim", len(rows), params)
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
+
+        for chunk in chunks:
+            await _each_row_alone_on_error(claim_rows, chunk, fences)
         return fences
 
     async def _release_all(
         self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
-    ) -> None:
-        for chunk in chunks:
+    ) -> dict[str, int | Exception]:
+        failed: dict[str, int | Exception] = {}
+
+        async def release_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {}
-            for k, (job, (fence, outcome, error, duration)) in enumerate(chunk):
+            for k, (job, (fence, outcome, error, duration)) in enumerate(rows):
                 params[f"b_job{k}"] = job
                 params[f"b_fence{k}"] = fence
                 params[f"b_outcome{k}"] = outcome
                 params[f"b_error{k}"] = error
                 params[f"b_duration{k}"] = duration
-            await self._execute_sized(conn, "release", len(chunk), params)
+            await self._execute_sized(conn, "release", len(rows), params)
+
+        for chunk in chunks:
+            await _each_row_alone_on_error(release_rows, chunk, failed)
+        return failed
 
     async def last_tick(self, job: str) -> float | None:
         query = sa.select(self.claims.c.last_tick).where(self.claims.c.job == job)
@@ -483,16 +513,33 @@ class SQLAlchemyStore:
 
     async def _in_connection(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         assert self._engine is not None
-        # Callers wait `timeout`; the operation itself gets twice that, so that a
-        # statement made just in time still reports back (a late claim is then
-        # freed) and one stuck for good still ends.
-        async with asyncio.timeout(2 * self.timeout), self._engine.connect() as conn:
-            if not self._ready:
-                async with self._ensure_lock:
-                    if not self._ready:
-                        await self._ensure_tables(conn)
-                        self._ready = True
-            return await op(conn)
+        if not self._ready:
+            await self._ensure_ready()
+        try:
+            # Callers wait `timeout`; the operation itself gets twice that, so that
+            # a statement made just in time still reports back (a late claim is then
+            # freed) and one stuck for good still ends.
+            async with asyncio.timeout(2 * self.timeout), self._engine.connect() as conn:
+                return await op(conn)
+        except sa.exc.DBAPIError:
+            # Never cache "the tables exist": someone may have dropped them. The
+            # next operation checks again (two catalog reads, after errors only).
+            self._ready = False
+            raise
+
+    async def _ensure_ready(self) -> None:
+        """Check (and create) the tables once, under a deadline of their own: the
+        first claim's short deadline is no measure of how long DDL may take."""
+        assert self._engine is not None
+        async with self._ensure_lock:
+            if self._ready:
+                return
+            async with (
+                asyncio.timeout(max(_DDL_TIMEOUT, 2 * self.timeout)),
+                self._engine.connect() as conn,
+            ):
+                await self._ensure_tables(conn)
+            self._ready = True
 
     async def _ensure_tables(self, conn: AsyncConnection) -> None:
         names = [self.claims.name, self.instances.name]
@@ -581,25 +628,41 @@ class SQLAlchemyStore:
         """The claim of ``rows`` jobs in one statement; every bind is a named one."""
         c, now = self.claims, db_now()
         lease = sa.bindparam("b_lease", type_=sa.Double)
-        owner: sa.BindParameter[str] = sa.bindparam("b_owner")
-        new = self._insert(c).values(
-            [
-                {
-                    "job": sa.bindparam(f"b_job{k}"),
-                    "last_tick": sa.bindparam(f"b_tick{k}", type_=sa.Double),
-                    "fence": sa.literal_column("1", sa.BigInteger),
-                    "owner": owner,
-                    "lease_until": now + lease,
-                    "started_at": now,
-                }
-                for k in range(rows)
-            ]
+        wanted = (
+            sa.values(sa.column("job", sa.String), sa.column("tick", sa.Double), name="wanted")
+            .data(
+                [
+                    (
+                        sa.bindparam(f"b_job{k}", type_=sa.String),
+                        sa.bindparam(f"b_tick{k}", type_=sa.Double),
+                    )
+                    for k in range(rows)
+                ]
+            )
+            .cte("wanted")
         )
-        # One statement claims: a tick must be newer than the last one claimed
-        # (so a tick never runs twice), the previous lease must be free (so runs
-        # never overlap across instances), and the statement must not have
-        # waited past the timeout (its caller gave up). Rows that fail return
-        # nothing. (A job's very first claim inserts its row unconditionally.)
+        # Rows that may be claimed at all: the tick is not in the future on the
+        # database's clock (a host whose clock jumped ahead must not move
+        # `last_tick` past the ticks the others are about to claim), and the
+        # statement did not wait past the timeout (its caller gave up).
+        due = sa.select(
+            wanted.c.job,
+            wanted.c.tick,
+            sa.literal_column("1", sa.BigInteger),
+            sa.bindparam("b_owner", type_=sa.String),
+            now + lease,
+            now,
+        ).where(
+            wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
+            now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+        )
+        new = self._insert(c).from_select(
+            ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
+        )
+        # A tick must be newer than the last one claimed (so a tick never runs
+        # twice), and the previous lease must be free (so runs never overlap
+        # across instances). Rows that fail return nothing. (A job's very first
+        # claim inserts its row.)
         statement = new.on_conflict_do_update(
             index_elements=[c.c.job],
             set_={
@@ -616,7 +679,6 @@ class SQLAlchemyStore:
             where=sa.and_(
                 c.c.last_tick < new.excluded.last_tick,
                 sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
-                now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
             ),
         ).returning(c.c.job, c.c.fence)
         return statement
@@ -663,6 +725,48 @@ _SIZES_KEPT = 32
 # Loops due at one instant wake a few microseconds apart (each computed its
 # own delay): the first row of a batch waits this long for the others to join.
 _GATHER = 0.002
+
+
+# How far ahead of the database's clock a tick may be claimed. Healthy hosts
+# claim at or after the tick (their clock follows the database's); this only
+# absorbs timers that fire a hair early and the error of the offset's estimate.
+_EARLY = 1.0
+# Creating the tables may wait for other workers doing the same at startup.
+_DDL_TIMEOUT = 30.0
+
+
+def _own(results: dict[str, int | Exception], job: str) -> int | None:
+    """``job``'s result in a batch: its fence, None, or its own error raised."""
+    result = results.get(job)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+async def _each_row_alone_on_error(
+    send: Callable[[list[tuple[str, Any]]], Awaitable[None]],
+    rows: list[tuple[str, Any]],
+    errors: dict[str, int | Exception],
+) -> None:
+    """``send(rows)``; if that fails for a reason one row may carry (a value the
+    column refuses, say), send each row alone, so that only the rows at fault
+    fail (their errors go into ``errors``, by job) and the others go through."""
+    try:
+        await send(rows)
+        return
+    except (sa.exc.OperationalError, sa.exc.InterfaceError):
+        raise  # the database or the connection: every row would fail alike
+    except sa.exc.StatementError as exc:
+        if len(rows) == 1 or getattr(exc, "connection_invalidated", False):
+            raise
+        logger.warning("a batch of %d rows failed (%r); sending each row alone", len(rows), exc)
+    for row in rows:
+        try:
+            await send([row])
+        except (sa.exc.OperationalError, sa.exc.InterfaceError):
+            raise
+        except sa.exc.StatementError as exc:
+            errors[row[0]] = exc
 
 
 class _Batch:

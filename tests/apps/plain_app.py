@@ -1,0 +1,39 @@
+"""An app as a new user writes it: no logging set up, run by plain `uvicorn app:app`.
+
+Its jobs: `ok` every 0.2 s; `boom` every 0.2 s, which calls sys.exit(2) (a bug in
+the job, not a request to stop the site); `slow`, once at startup, 1.5 s long.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+from fastapi import FastAPI
+
+from fastapi_jobs import Scheduler
+
+scheduler = Scheduler(shutdown_timeout=10)
+
+
+@scheduler.every(seconds=0.2)
+async def ok() -> None:
+    pass
+
+
+@scheduler.every(seconds=0.2)
+def boom() -> None:
+    sys.exit(2)
+
+
+@scheduler.every(hours=1, run_on_startup=True)
+async def slow() -> None:
+    await anyio.sleep(1.5)
+
+
+app = FastAPI(lifespan=scheduler.lifespan)
+
+
+@app.get("/ping")
+async def ping() -> str:
+    return "pong"
