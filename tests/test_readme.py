@@ -35,7 +35,7 @@ async def test_a_complete_readme_block_runs(
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("JOBS_TOKEN", "readme-token")
     namespace: dict[str, object] = {"__name__": "readme_block"}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "README.md", "exec"), namespace)
     scheduler = namespace["scheduler"]
     assert isinstance(scheduler, Scheduler) and scheduler.jobs
     app = namespace.get("app")
