@@ -9,7 +9,6 @@ and their messages read alike.
 from __future__ import annotations
 
 import math
-import unicodedata
 from datetime import timedelta
 
 from ._errors import ConfigurationError, short
@@ -75,9 +74,10 @@ def check_name(name: object) -> str:
     shown = short(name)
     if not name or len(name) > MAX_NAME or name != name.strip() or "/" in name:
         raise ConfigurationError(f"job name {shown} is not usable: {rule}")
-    for char in name:
-        # Cc: control characters (NUL, newlines, escapes that forge log lines);
-        # Cs: lone surrogates, which no UTF-8 database can store.
-        if unicodedata.category(char) in ("Cc", "Cs"):
-            raise ConfigurationError(f"job name {shown} is not usable: it holds {char!r}; {rule}")
+    # Printable as Python means it: no control or format characters (NUL,
+    # newlines, escapes that forge log lines, zero-width marks), and no lone
+    # surrogates, which no UTF-8 database can store.
+    odd = next((char for char in name if not char.isprintable()), None)
+    if odd is not None:
+        raise ConfigurationError(f"job name {shown} is not usable: it holds {odd!r}; {rule}")
     return name

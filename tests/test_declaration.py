@@ -99,7 +99,19 @@ def test_lambda_needs_a_name() -> None:
 
 @pytest.mark.parametrize(
     "bad_name",
-    ["", "  ", "a/b", " padded", "x" * 201, "nul\x00", "two\nlines", "esc\x1b[31m", "\ud800"],
+    [
+        "",
+        "  ",
+        "a/b",
+        " padded",
+        "x" * 201,
+        "nul\x00",
+        "two\nlines",
+        "esc\x1b[31m",
+        "\ud800",
+        "zero\u200bwidth",
+        "nb\u00a0sp",
+    ],
 )
 def test_unusable_names_are_refused(bad_name: str) -> None:
     """Names go into URLs, log lines and a VARCHAR(200) column: what one of them
