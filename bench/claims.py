@@ -41,7 +41,7 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
             if not on:
                 return
             head = statement.lstrip().split(None, 3)[:3]
-            if "fastapi_jobs_claims" in statement and head[0] == "INSERT":
+            if "INSERT INTO fastapi_jobs_claims" in statement:
                 statements["claim"] += 1
                 conn.info["claim_sent"] = time.perf_counter()
             elif "fastapi_jobs_claims" in statement and "finished_at" in statement:
