@@ -30,6 +30,7 @@ from ._store import Store
 
 __all__ = ["JobRunner", "RunResult"]
 
+_DEBUG = logging.DEBUG
 _NOT_A_STOP = (
     "; raised by the job's own code, it is the job's failure, not a request to stop "
     "the app (the next tick runs as usual)"
@@ -166,7 +167,10 @@ class JobRunner:
                     missed, tick = schedule.ticks_between(tick, now)
                     stats.skip("missed", missed)
                     nxt = schedule.next_after(tick)
-                if self.busy:  # a run started by hand, or a thread that has not returned
+                # A run started by hand, or the thread of a cut run, is going (the
+                # property `busy`, inlined: this runs on every tick).
+                thread = self._thread_done
+                if stats.running or (thread is not None and not thread.is_set()):
                     stats.skip("overlap")
                     tick = nxt
                     continue
@@ -390,7 +394,7 @@ class JobRunner:
             stats.last_outcome = outcome
             if outcome != "ok":
                 self._report(outcome, error, duration)
-            elif self._parent_logger.isEnabledFor(logging.DEBUG):
+            elif self._parent_logger.isEnabledFor(_DEBUG):
                 self.logger.debug(
                     "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
                 )
