@@ -597,3 +597,42 @@ def test_an_error_message_is_cut_to_one_printable_line() -> None:
     assert info.message.startswith("first") and len(info.message) == 300
     assert "\x1b" not in info.message and "bob@" not in info.message
     assert ErrorInfo.of(Unprintable()).message == "(its message could not be read)"
+
+
+async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_returns(
+    tmp_path: Path,
+) -> None:
+    """Two instances; a sync job whose thread runs 1.5 s past a 0.1 s timeout under a
+    0.6 s lease: the lease is renewed while the thread runs, so no instance starts
+    the job beside it; once the thread returns, the job runs again."""
+    import threading
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    lock = threading.Lock()
+    active, most, calls = 0, 0, 0
+    first = True
+
+    def blocking() -> None:
+        nonlocal active, most, calls, first
+        with lock:
+            active, calls = active + 1, calls + 1
+            most = max(most, active)
+            long, first = first, False
+        time.sleep(1.5 if long else 0.01)
+        with lock:
+            active -= 1
+
+    async with engine_for(url) as engine, AsyncExitStack() as stack:
+        schedulers = []
+        for _ in range(2):
+            scheduler = instance(engine, lease=0.6, timeout=0.15)
+            scheduler.add_job(blocking, Every(seconds=0.1), name="blocking", timeout=0.1)
+            await stack.enter_async_context(scheduler.running({"db": engine}))
+            schedulers.append(scheduler)
+        await anyio.sleep(1.0)
+        calls_while_held = calls
+        await anyio.sleep(1.2)
+    assert calls_while_held == 1 and most == 1
+    assert calls > 2  # it ran again once the thread had returned
+    statuses = [s.job_status("blocking") for s in schedulers]
+    assert sum(s.failures for s in statuses) == 1  # the one timeout, after 1.5 s
