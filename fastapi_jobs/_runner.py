@@ -284,11 +284,9 @@ class JobRunner:
             leases.end(lease)
             if lease.lost is not None:
                 self._record_lost(lease.lost)
-            elif self.thread_running:
-                # Cut at shutdown while its thread goes on: the claim stays held
-                # until the lease runs out, so no peer starts the job beside it.
-                pass
-            else:
+            # Cut at shutdown while its thread goes on, the claim stays held until
+            # the lease runs out, so that no peer starts the job beside the thread.
+            elif not self.thread_running:
                 with anyio.CancelScope(shield=True):
                     await self._release(store, fence)
 

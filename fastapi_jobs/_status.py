@@ -60,11 +60,13 @@ class ErrorInfo(BaseModel):
             text = str(error)
         except Exception:  # noqa: BLE001 - a broken __str__ is the job's, not ours
             text = "(its message could not be read)"
-        text = _SQL_PARTS.split(text, maxsplit=1)[0]
-        text = "".join(c if c.isprintable() else " " for c in text.partition("\n")[0]).strip()
-        if len(text) > MAX_MESSAGE:
-            text = text[: MAX_MESSAGE - 1] + "…"
-        return cls(type=type(error).__name__[:MAX_MESSAGE], message=text)
+        line = text.partition("\n")[0]
+        cut = len(line) > MAX_MESSAGE
+        line = _SQL_PARTS.split(line[:MAX_MESSAGE], maxsplit=1)[0]
+        shown = "".join(c if c.isprintable() else " " for c in line).strip()
+        if cut:
+            shown = shown[: MAX_MESSAGE - 1] + "…"
+        return cls(type=type(error).__name__[:MAX_MESSAGE], message=shown)
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type

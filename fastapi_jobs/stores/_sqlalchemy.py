@@ -349,7 +349,7 @@ class SQLAlchemyStore:
                 "b_owner": self._owner,
                 "b_lease": self.lease,
                 "b_timeout": self.timeout,
-                "b_early": _EARLY,
+                "b_early": _FUTURE_MARGIN,
                 "b_sent": time.time(),
             }
             for k, (job, tick) in enumerate(rows):
@@ -730,7 +730,7 @@ _GATHER = 0.002
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
-_EARLY = 1.0
+_FUTURE_MARGIN = 1.0
 # Creating the tables may wait for other workers doing the same at startup.
 _DDL_TIMEOUT = 30.0
 
