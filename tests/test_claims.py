@@ -603,7 +603,7 @@ async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_retu
     tmp_path: Path,
 ) -> None:
     """Two instances; a sync job whose thread runs 1.5 s past a 0.1 s timeout under a
-    0.6 s lease: the lease is renewed while the thread runs, so no instance starts
+    1.2 s lease: the lease is renewed while the thread runs, so no instance starts
     the job beside it; once the thread returns, the job runs again."""
     import threading
 
@@ -625,7 +625,7 @@ async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_retu
     async with engine_for(url) as engine, AsyncExitStack() as stack:
         schedulers = []
         for _ in range(2):
-            scheduler = instance(engine, lease=0.6, timeout=0.15)
+            scheduler = instance(engine, lease=1.2, timeout=0.3)
             scheduler.add_job(blocking, Every(seconds=0.1), name="blocking", timeout=0.1)
             await stack.enter_async_context(scheduler.running({"db": engine}))
             schedulers.append(scheduler)

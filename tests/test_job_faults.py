@@ -110,7 +110,7 @@ async def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
             during = scheduler.job_status("blocking")
             calls_during = calls
             release.set()
-            await anyio.sleep(0.35)
+            await anyio.sleep(0.5)
     after = scheduler.job_status("blocking")
     assert during.running is True
     assert calls_during == 1 and most == 1
