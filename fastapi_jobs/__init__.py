@@ -1,7 +1,5 @@
 """Scheduled jobs that start and stop with your FastAPI app."""
 
-from __future__ import annotations
-
 from ._clock import Clock, LoopClock, SystemClock
 from ._context import JobContext
 from ._errors import (

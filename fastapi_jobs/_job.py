@@ -14,10 +14,7 @@ from ._context import JobContext
 from ._errors import ConfigurationError
 from ._schedules import Schedule
 
-__all__ = ["Job", "JobFunc"]
-
-JobFunc = Callable[[], Any] | Callable[[JobContext], Any]
-"""A job: sync or async, taking nothing or one ``JobContext``."""
+__all__ = ["Job"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -40,6 +40,10 @@ class Schedule(abc.ABC):
     implementation that subclasses may speed up.
     """
 
+    # Empty, so that the built-in schedules' own __slots__ take effect (a
+    # subclass of yours without __slots__ simply gets a __dict__).
+    __slots__ = ()
+
     @abc.abstractmethod
     def next_after(self, ts: float) -> float:
         """The first tick strictly after POSIX time ``ts``."""

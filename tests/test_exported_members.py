@@ -34,6 +34,8 @@ def test_exported_members() -> None:
         "StoreError",
         "SystemClock",
     }
+    public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
+    assert public - {"stores"} == set(fastapi_jobs.__all__)  # nothing else leaks
     for name in fastapi_jobs.__all__:
         member = getattr(fastapi_jobs, name)
         if name == "Outcome":  # a Literal alias: it has no module of its own
