@@ -1,14 +1,5 @@
-"""Claims in PostgreSQL or SQLite through SQLAlchemy's async engine.
-
-Two tables, nothing else is touched:
-
-- ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
-  ``fence`` grows by one per claim; ``lease_until`` is NULL once released.
-- ``<prefix>instances``: one row per live app process, for the status page.
-
-Every time comparison uses the database's clock (``db_now()``); the app's clock
-only computes ticks, which are the same in every process. Times are stored as
-POSIX seconds (double precision) so that both databases compare them alike.
+"""Claims in PostgreSQL or SQLite through SQLAlchemy's async engine: the store's
+operations. Its tables and SQL are in ``_schema``, its batching in ``_batches``.
 
 Each operation runs in an asyncio task of its own with its own deadline, and
 callers only wait for it: see ``_run`` for why a statement is never cancelled
@@ -28,20 +19,16 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql.base import PGDialect
-from sqlalchemy.dialects.sqlite.base import SQLiteDialect
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateTable
-from sqlalchemy.sql.expression import FunctionElement
 
 from .._checks import seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
 from .._status import ClusterJobStatus, ClusterView, InstanceStatus, Outcome, utc
 from .._store import Instance
+from . import _schema
+from ._batches import GATHER, MAX_ROWS, Batch, SizedStatements, each_row_alone_on_error, own
+from ._schema import db_now
 
 __all__ = ["SQLAlchemyStore"]
 
@@ -51,74 +38,12 @@ EngineSource = AsyncEngine | str | Callable[[Mapping[str, Any]], AsyncEngine]
 T = TypeVar("T")
 
 
-class db_now(FunctionElement[float]):
-    """The database server's clock, as POSIX seconds."""
-
-    type = sa.Double()
-    inherit_cache = True
-
-
-@compiles(db_now, "postgresql")
-def _pg_now(element: db_now, compiler: Any, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(db_now, "sqlite")
-def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
-
-class db_received(FunctionElement[float]):
-    """When the statement reached the database, as POSIX seconds.
-
-    A claim that waited behind a lock past the store timeout is not made: its
-    caller has given up, and a claim nobody runs would hold the job for a lease.
-    """
-
-    type = sa.Double()
-    inherit_cache = True
-
-
-@compiles(db_received, "postgresql")
-def _pg_received(element: db_received, compiler: Any, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(db_received, "sqlite")
-def _sqlite_received(element: db_received, compiler: Any, **kw: Any) -> str:
-    # SQLite runs in this process and reads this host's clock: the time the
-    # statement was sent is the time it was received.
-    return str(compiler.process(sa.bindparam("b_sent", type_=sa.Double), **kw))
-
-
-def _tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
-    metadata = sa.MetaData()
-    claims = sa.Table(
-        f"{prefix}claims",
-        metadata,
-        sa.Column("job", sa.String(200), primary_key=True),
-        sa.Column("last_tick", sa.Double, nullable=False),
-        sa.Column("fence", sa.BigInteger, nullable=False),
-        sa.Column("owner", sa.String(200), nullable=False),
-        sa.Column("lease_until", sa.Double, nullable=True),
-        sa.Column("started_at", sa.Double, nullable=False),
-        sa.Column("finished_at", sa.Double, nullable=True),
-        sa.Column("duration", sa.Double, nullable=True),
-        sa.Column("outcome", sa.String(20), nullable=True),
-        sa.Column("error", sa.Text, nullable=True),
-    )
-    instances = sa.Table(
-        f"{prefix}instances",
-        metadata,
-        sa.Column("id", sa.String(200), primary_key=True),
-        sa.Column("hostname", sa.String(255), nullable=False),
-        sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("started_at", sa.Double, nullable=False),
-        sa.Column("seen_at", sa.Double, nullable=False),
-    )
-    return metadata, claims, instances
-
-
+# How far ahead of the database's clock a tick may be claimed. Healthy hosts
+# claim at or after the tick (their clock follows the database's); this only
+# absorbs timers that fire a hair early and the error of the offset's estimate.
+_FUTURE_MARGIN = 1.0
+# Creating the tables may wait for other workers doing the same at startup.
+_DDL_TIMEOUT = 30.0
 # A lease is what a killed holder costs its job; renewals keep long runs going,
 # so a long lease buys nothing. Heartbeats faster than this only load the database.
 _MAX_LEASE = 86400.0
@@ -196,14 +121,14 @@ class SQLAlchemyStore:
             )
         self._source = engine
         self._create_tables = create_tables
-        self.metadata, self.claims, self.instances = _tables(table_prefix)
+        self.metadata, self.claims, self.instances = _schema.tables(table_prefix)
         self._engine: AsyncEngine | None = None
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
         self._ready = False
-        self._batches: dict[str, _Batch] = {}
-        self._by_size: dict[tuple[str, int], tuple[str, tuple[str, ...] | None]] = {}
-        self._insert: Any = None  # the dialect's insert(), with ON CONFLICT
+        self._batches: dict[str, Batch] = {}
+        self._sized = SizedStatements(self._multi_row)
+        self._insert: _schema.Insert = _schema.insert_for("postgresql")  # set at open()
         self._ensure_lock = asyncio.Lock()
         self._statements: dict[str, Any] = {}
         self._in_flight: set[asyncio.Task[Any]] = set()
@@ -250,8 +175,9 @@ class SQLAlchemyStore:
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._instance = instance
         self._ready = False
-        self._by_size = {}
-        self._statements = self._build(dialect)
+        self._insert = _schema.insert_for(dialect)
+        self._sized = SizedStatements(self._multi_row)
+        self._statements = _schema.single_statements(self.claims, self.instances, self._insert)
         self._ensure_lock = asyncio.Lock()  # bound to this loop
         if self._create_tables:
             # Start on the tables now, so that the first tick does not wait for DDL;
@@ -286,7 +212,7 @@ class SQLAlchemyStore:
             # all the same, nobody runs it: free it, or the job waits out a lease.
             sent.add_done_callback(partial(self._abandoned, job))
             raise
-        return _own(fences, job)
+        return own(fences, job)
 
     def _abandoned(self, job: str, sent: asyncio.Task[dict[str, int | Exception]]) -> None:
         if sent.cancelled() or sent.exception() is not None:
@@ -305,7 +231,7 @@ class SQLAlchemyStore:
         self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
     ) -> None:
         sent = self._join("release", job, (fence, outcome, error, duration))
-        _own(await asyncio.shield(sent), job)
+        own(await asyncio.shield(sent), job)
 
     # -- batches ------------------------------------------------------------
 
@@ -319,22 +245,22 @@ class SQLAlchemyStore:
         """
         batch = self._batches.get(kind)
         if batch is None:
-            batch = self._batches[kind] = _Batch()
+            batch = self._batches[kind] = Batch()
             batch.sent = self._spawn(self._send(kind, batch))
         batch.rows.append((job, row))
         assert batch.sent is not None
         return batch.sent
 
-    async def _send(self, kind: str, batch: _Batch) -> Any:
+    async def _send(self, kind: str, batch: Batch) -> Any:
         try:
-            await asyncio.sleep(_GATHER)  # the others due now join the batch
+            await asyncio.sleep(GATHER)  # the others due now join the batch
         finally:
             if self._batches.get(kind) is batch:
                 del self._batches[kind]
         # Rows in one order for every instance: two batches never wait on
         # each other's row locks in opposite orders (no deadlock).
         rows = sorted(batch.rows, key=lambda row: row[0])
-        chunks = [rows[start : start + _MAX_ROWS] for start in range(0, len(rows), _MAX_ROWS)]
+        chunks = [rows[start : start + MAX_ROWS] for start in range(0, len(rows), MAX_ROWS)]
         if kind == "claim":
             return await self._in_connection(partial(self._claim_all, chunks))
         return await self._in_connection(partial(self._release_all, chunks))
@@ -355,12 +281,12 @@ class SQLAlchemyStore:
             for k, (job, tick) in enumerate(rows):
                 params[f"b_job{k}"] = job
                 params[f"b_tick{k}"] = tick
-            result = await self._execute_sized(conn, "claim", len(rows), params)
+            result = await self._sized.execute(conn, "claim", len(rows), params)
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
 
         for chunk in chunks:
-            await _each_row_alone_on_error(claim_rows, chunk, fences)
+            await each_row_alone_on_error(claim_rows, chunk, fences)
         return fences
 
     async def _release_all(
@@ -376,10 +302,10 @@ class SQLAlchemyStore:
                 params[f"b_outcome{k}"] = outcome
                 params[f"b_error{k}"] = error
                 params[f"b_duration{k}"] = duration
-            await self._execute_sized(conn, "release", len(rows), params)
+            await self._sized.execute(conn, "release", len(rows), params)
 
         for chunk in chunks:
-            await _each_row_alone_on_error(release_rows, chunk, failed)
+            await each_row_alone_on_error(release_rows, chunk, failed)
         return failed
 
     async def last_tick(self, job: str) -> float | None:
@@ -465,17 +391,7 @@ class SQLAlchemyStore:
     @classmethod
     def ddl(cls, dialect: str = "postgresql", table_prefix: str = "fastapi_jobs_") -> str:
         """The CREATE TABLE statements, for migrations or ``create_tables=False``."""
-        dialects: dict[str, sa.Dialect] = {
-            "postgresql": PGDialect(),  # type: ignore[no-untyped-call]
-            "sqlite": SQLiteDialect(),
-        }
-        if dialect not in dialects:
-            raise ConfigurationError(f"ddl(): dialect is 'postgresql' or 'sqlite', not {dialect!r}")
-        metadata, _, _ = _tables(table_prefix)
-        return "\n".join(
-            f"{str(CreateTable(table).compile(dialect=dialects[dialect])).strip()};\n"
-            for table in metadata.sorted_tables
-        )
+        return _schema.ddl(dialect, table_prefix)
 
     # -- internals --------------------------------------------------------
 
@@ -541,6 +457,11 @@ class SQLAlchemyStore:
                 await self._ensure_tables(conn)
             self._ready = True
 
+    def _multi_row(self, kind: str, rows: int) -> Any:
+        if kind == "claim":
+            return _schema.claim_statement(self.claims, self._insert, rows)
+        return _schema.release_statement(self.claims, rows)
+
     async def _ensure_tables(self, conn: AsyncConnection) -> None:
         names = [self.claims.name, self.instances.name]
 
@@ -569,211 +490,3 @@ class SQLAlchemyStore:
                     raise
                 await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
         logger.info("created table(s) %s", ", ".join(missing))
-
-    def _build(self, dialect: str) -> dict[str, Any]:
-        c, i = self.claims, self.instances
-        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        now = db_now()
-        lease = sa.bindparam("b_lease", type_=sa.Double)
-
-        ours = sa.and_(c.c.job == sa.bindparam("b_job"), c.c.fence == sa.bindparam("b_fence"))
-        # A released claim stays released: a late renewal must not re-take it.
-        renew = (
-            sa.update(c).where(ours, c.c.lease_until.is_not(None)).values(lease_until=now + lease)
-        )
-        seen = insert(i).values(
-            id=sa.bindparam("b_id"),
-            hostname=sa.bindparam("b_hostname"),
-            pid=sa.bindparam("b_pid"),
-            started_at=now,
-            seen_at=now,
-        )
-        beat = seen.on_conflict_do_update(
-            index_elements=[i.c.id], set_={"seen_at": seen.excluded.seen_at}
-        ).returning(i.c.seen_at)
-        self._insert = insert
-        return {"renew": renew, "beat": beat}
-
-    async def _execute_sized(
-        self, conn: AsyncConnection, kind: str, rows: int, params: dict[str, object]
-    ) -> CursorResult[Any]:
-        """Execute the ``rows``-row statement of ``kind``, compiled once per size.
-
-        SQLAlchemy cannot cache a multi-row VALUES (it has no cache key): run as
-        a construct, such a statement was compiled anew each time, ~80 ms of CPU
-        for 300 rows. Compiled once here, it runs as the driver's own SQL.
-        """
-        key = (kind, rows)
-        compiled = self._by_size.pop(key) if key in self._by_size else None
-        sql, names = compiled or self._compile(kind, rows, conn.dialect)
-        self._by_size[key] = sql, names  # the most recently used last
-        if len(self._by_size) > _SIZES_KEPT:
-            del self._by_size[next(iter(self._by_size))]
-        args = params if names is None else tuple(params[name] for name in names)
-        return await conn.exec_driver_sql(sql, args)
-
-    def _compile(
-        self, kind: str, rows: int, dialect: sa.Dialect
-    ) -> tuple[str, tuple[str, ...] | None]:
-        statement = (
-            self._claim_statement(rows) if kind == "claim" else self._release_statement(rows)
-        )
-        compiled = statement.compile(dialect=dialect)
-        # Run as driver SQL, a statement gets only the parameters we pass.
-        assert all(name.startswith("b_") for name in compiled.binds), compiled.binds
-        names = compiled.positiontup
-        return compiled.string, None if names is None else tuple(names)
-
-    def _claim_statement(self, rows: int) -> Any:
-        """The claim of ``rows`` jobs in one statement; every bind is a named one."""
-        c, now = self.claims, db_now()
-        lease = sa.bindparam("b_lease", type_=sa.Double)
-        wanted = (
-            sa.values(sa.column("job", sa.String), sa.column("tick", sa.Double), name="wanted")
-            .data(
-                [
-                    (
-                        sa.bindparam(f"b_job{k}", type_=sa.String),
-                        sa.bindparam(f"b_tick{k}", type_=sa.Double),
-                    )
-                    for k in range(rows)
-                ]
-            )
-            .cte("wanted")
-        )
-        # Rows that may be claimed at all: the tick is not in the future on the
-        # database's clock (a host whose clock jumped ahead must not move
-        # `last_tick` past the ticks the others are about to claim), and the
-        # statement did not wait past the timeout (its caller gave up).
-        due = sa.select(
-            wanted.c.job,
-            wanted.c.tick,
-            sa.literal_column("1", sa.BigInteger),
-            sa.bindparam("b_owner", type_=sa.String),
-            now + lease,
-            now,
-        ).where(
-            wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
-            now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
-        )
-        new = self._insert(c).from_select(
-            ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
-        )
-        # A tick must be newer than the last one claimed (so a tick never runs
-        # twice), and the previous lease must be free (so runs never overlap
-        # across instances). Rows that fail return nothing. (A job's very first
-        # claim inserts its row.)
-        statement = new.on_conflict_do_update(
-            index_elements=[c.c.job],
-            set_={
-                "last_tick": new.excluded.last_tick,
-                "fence": c.c.fence + sa.literal_column("1", sa.BigInteger),
-                "owner": new.excluded.owner,
-                "lease_until": new.excluded.lease_until,
-                "started_at": new.excluded.started_at,
-                "finished_at": sa.null(),
-                "duration": sa.null(),
-                "outcome": sa.null(),
-                "error": sa.null(),
-            },
-            where=sa.and_(
-                c.c.last_tick < new.excluded.last_tick,
-                sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
-            ),
-        ).returning(c.c.job, c.c.fence)
-        return statement
-
-    def _release_statement(self, rows: int) -> Any:
-        """The release of ``rows`` claims in one statement; every bind is a named one."""
-        c = self.claims
-        columns = {
-            "job": sa.String,
-            "fence": sa.BigInteger,
-            "outcome": sa.String,
-            "error": sa.Text,
-            "duration": sa.Double,
-        }
-        ended = sa.values(*(sa.column(n, t) for n, t in columns.items()), name="ended")
-        ended = ended.data(
-            [
-                tuple(sa.bindparam(f"b_{n}{k}", type_=t) for n, t in columns.items())
-                for k in range(rows)
-            ]
-        )
-        v = ended.cte("ended")
-        # Only the claim `fence` is released: a newer claim of the job is not.
-        statement = (
-            sa.update(c)
-            .where(c.c.job == v.c.job, c.c.fence == v.c.fence)
-            .values(
-                lease_until=sa.null(),
-                finished_at=db_now(),
-                outcome=v.c.outcome,
-                error=v.c.error,
-                duration=v.c.duration,
-            )
-        )
-        return statement
-
-
-# Parameters per row: 2 (claims) or 5 (releases); PostgreSQL and SQLite allow
-# 32,766 per statement.
-_MAX_ROWS = 1000
-# Compiled statements kept, by kind and number of rows (the least recently used
-# goes): an app's batches come in a few sizes, which repeat every tick.
-_SIZES_KEPT = 32
-# Loops due at one instant wake a few microseconds apart (each computed its
-# own delay): the first row of a batch waits this long for the others to join.
-_GATHER = 0.002
-
-
-# How far ahead of the database's clock a tick may be claimed. Healthy hosts
-# claim at or after the tick (their clock follows the database's); this only
-# absorbs timers that fire a hair early and the error of the offset's estimate.
-_FUTURE_MARGIN = 1.0
-# Creating the tables may wait for other workers doing the same at startup.
-_DDL_TIMEOUT = 30.0
-
-
-def _own(results: dict[str, int | Exception], job: str) -> int | None:
-    """``job``'s result in a batch: its fence, None, or its own error raised."""
-    result = results.get(job)
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
-async def _each_row_alone_on_error(
-    send: Callable[[list[tuple[str, Any]]], Awaitable[None]],
-    rows: list[tuple[str, Any]],
-    errors: dict[str, int | Exception],
-) -> None:
-    """``send(rows)``; if that fails for a reason one row may carry (a value the
-    column refuses, say), send each row alone, so that only the rows at fault
-    fail (their errors go into ``errors``, by job) and the others go through."""
-    try:
-        await send(rows)
-        return
-    except (sa.exc.OperationalError, sa.exc.InterfaceError):
-        raise  # the database or the connection: every row would fail alike
-    except sa.exc.StatementError as exc:
-        if len(rows) == 1 or getattr(exc, "connection_invalidated", False):
-            raise
-        logger.warning("a batch of %d rows failed (%r); sending each row alone", len(rows), exc)
-    for row in rows:
-        try:
-            await send([row])
-        except (sa.exc.OperationalError, sa.exc.InterfaceError):
-            raise
-        except sa.exc.StatementError as exc:
-            errors[row[0]] = exc
-
-
-class _Batch:
-    """Rows of one kind (claims, releases) due at one instant, sent together."""
-
-    __slots__ = ("rows", "sent")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, Any]] = []
-        self.sent: asyncio.Task[Any] | None = None
