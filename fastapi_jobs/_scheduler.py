@@ -9,7 +9,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -17,6 +16,7 @@ import anyio
 from ._checks import seconds
 from ._clock import Clock, OffsetClock, SystemClock
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, short
+from ._heartbeat import Heartbeat
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
@@ -85,8 +85,11 @@ class Scheduler:
         self.clock: Clock = clock or SystemClock()
         self.store = store
         # Jobs tick on this clock: with a store, shifted onto the database's.
-        self._ticking_clock = OffsetClock(self.clock) if store is not None else self.clock
-        self._offset_known = False
+        self._ticking_clock: Clock = self.clock
+        self._heartbeat: Heartbeat | None = None
+        if store is not None:
+            self._ticking_clock = on_db_time = OffsetClock(self.clock)
+            self._heartbeat = Heartbeat(store, on_db_time, self.logger)
         self._leases = LeaseKeeper(store) if store is not None else None
         self.instance = Instance()
         self._app_lifespan = lifespan
@@ -253,12 +256,13 @@ class Scheduler:
         try:
             if store is not None:
                 await store.open(self._state, self.instance)
-                await self._beat_once(store)  # learn the database's time before ticking
+            if self._heartbeat is not None:
+                await self._heartbeat.beat()  # learn the database's time before ticking
             self._log_start(runners)
             async with anyio.create_task_group() as tg:
                 beating, keeping = anyio.CancelScope(), anyio.CancelScope()
-                if store is not None:
-                    tg.start_soon(_run_in, beating, partial(self._beat, store))
+                if self._heartbeat is not None:
+                    tg.start_soon(_run_in, beating, self._heartbeat.run)
                 if self._leases is not None:
                     tg.start_soon(_run_in, keeping, self._leases.run)
                 for runner in runners:
@@ -276,33 +280,6 @@ class Scheduler:
             if store is not None:
                 with anyio.CancelScope(shield=True):
                     await store.close()
-
-    async def _beat(self, store: Store) -> None:
-        """Keep this instance's row fresh, so the status page lists it."""
-        while True:
-            await anyio.sleep(store.heartbeat)
-            await self._beat_once(store)
-
-    async def _beat_once(self, store: Store) -> None:
-        try:
-            with anyio.fail_after(store.timeout):
-                sent = self.clock.now()
-                db_time = await store.beat()
-                received = self.clock.now()
-        except Exception as exc:  # noqa: BLE001 - the next beat retries
-            self.logger.warning("instance heartbeat failed: %r", exc)
-            return
-        if isinstance(self._ticking_clock, OffsetClock):
-            # The database read its clock about halfway through the round trip.
-            offset = db_time - (sent + received) / 2
-            moved = offset - self._ticking_clock.offset
-            if self._offset_known and abs(moved) > 1:
-                self.logger.warning(
-                    "this host's clock moved %+.1fs against the database's; ticking on "
-                    "the database's time (the store refuses claims of future ticks)",
-                    -moved,
-                )
-            self._ticking_clock.offset, self._offset_known = offset, True
 
     def _log_start(self, runners: list[JobRunner]) -> None:
         """One line per job (a summary past the first few dozen): what runs when."""
