@@ -1,7 +1,8 @@
 """An app as a new user writes it: no logging set up, run by plain `uvicorn app:app`.
 
 Its jobs: `ok` every 0.2 s; `boom` every 0.2 s, which calls sys.exit(2) (a bug in
-the job, not a request to stop the site); `slow`, once at startup, 1.5 s long.
+the job, not a request to stop the site); `slow`, at startup, 3 s long: still
+running when the test stops the server.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def boom() -> None:
 
 @scheduler.every(hours=1, run_on_startup=True)
 async def slow() -> None:
-    await anyio.sleep(1.5)
+    await anyio.sleep(3)
 
 
 app = FastAPI(lifespan=scheduler.lifespan)
