@@ -15,8 +15,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on what is inst
     if exc.name != "sqlalchemy":
         raise
     raise ModuleNotFoundError(
-        "SQLAlchemyStore needs SQLAlchemy and a driver: pip install 'fastapi-jobs[sqlite]' "
-        "(aiosqlite), 'fastapi-jobs[postgres]' (asyncpg) or 'fastapi-jobs[psycopg]'",
+        "SQLAlchemyStore needs SQLAlchemy and a driver: install fastapi_jobs with the "
+        "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
+        "pip install '.[sqlite]' in its repository, or install sqlalchemy[asyncio] "
+        "and the driver yourself",
         name=exc.name,
     ) from exc
 
