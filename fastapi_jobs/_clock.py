@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 
@@ -28,6 +28,7 @@ def _sleep(delay: float) -> Awaitable[None]:
     return asyncio.sleep(delay)
 
 
+@runtime_checkable
 class Clock(Protocol):
     """What the scheduler needs of time. Instants are POSIX timestamps."""
 

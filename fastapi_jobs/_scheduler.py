@@ -480,17 +480,14 @@ def _check_parts(lifespan: object, logger: object, store: object, clock: object)
             f"Scheduler(store={short(store)}): a store is not a URL; wrap it: "
             "store=SQLAlchemyStore(url) (from fastapi_jobs.stores import SQLAlchemyStore)"
         )
-    missing = [
-        attr
-        for attr in ("open", "close", "claim", "renew", "release", "beat", "read", "timeout")
-        if store is not None and not hasattr(store, attr)
-    ]
-    if missing:
+    # The protocols say what a store and a clock have: checked against them,
+    # not against a list kept here beside them.
+    if store is not None and not isinstance(store, Store):
         raise ConfigurationError(
-            f"Scheduler(store={short(store)}) is not a store (it has no "
-            f"{', '.join(missing)}): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
+            f"Scheduler(store={short(store)}) is not a store (fastapi_jobs.Store says "
+            "what one has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
         )
-    if clock is not None and not (hasattr(clock, "now") and hasattr(clock, "sleep_until")):
+    if clock is not None and not isinstance(clock, Clock):
         raise ConfigurationError(
             f"Scheduler(clock={short(clock)}) is not a Clock: pass SystemClock() "
             "or LoopClock(start) (or an object with now() and sleep_until())"

@@ -11,7 +11,7 @@ import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ._status import ClusterView, Outcome
 
@@ -32,6 +32,7 @@ class Instance:
             object.__setattr__(self, "id", f"{self.hostname}:{self.pid}:{secrets.token_hex(3)}")
 
 
+@runtime_checkable
 class Store(Protocol):
     """Claims and run history shared by every instance of the app.
 
