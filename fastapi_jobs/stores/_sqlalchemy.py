@@ -144,7 +144,7 @@ class SQLAlchemyStore:
             ) from None
         source = self._source
         if isinstance(source, str):
-            engine = self._owned = create_async_engine(source)
+            engine = self._owned = self._own_engine(sa.make_url(source))
         elif isinstance(source, AsyncEngine):
             engine = source
         else:
@@ -156,20 +156,8 @@ class SQLAlchemyStore:
             raise StoreError(f"the store's engine ({engine.url}) {_IN_MEMORY}")
         if dialect not in ("postgresql", "sqlite"):
             raise StoreError(f"SQLAlchemyStore supports PostgreSQL and SQLite, not {dialect!r}")
-        if dialect == "sqlite":
-            # The same file through connections of the store's own, whose busy
-            # timeout is the store's: a statement behind a lock then fails by
-            # itself within `timeout`, before the operation's deadline could cut
-            # it mid-statement. Cut there, aiosqlite's connections lingered, each
-            # holding or waiting for the file's lock, and after a long outside
-            # lock the workers of a host kept each other locked out (and the
-            # app's pool, which the store borrowed, with them). SQLite has no
-            # server connections to save by sharing the app's pool.
-            if self._owned is not None:
-                await self._owned.dispose()
-            engine = self._owned = create_async_engine(
-                engine.url, connect_args={"timeout": self.timeout}
-            )
+        if dialect == "sqlite" and engine is not self._owned:
+            engine = self._owned = self._own_engine(engine.url)
         # Each store statement stands alone: no BEGIN/COMMIT round trips, and
         # (on PostgreSQL) the pool is the app's own.
         self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -183,6 +171,20 @@ class SQLAlchemyStore:
             # Start on the tables now, so that the first tick does not wait for DDL;
             # a database that is down only delays it to the first operation.
             self._spawn(self._ensure_ready())
+
+    def _own_engine(self, url: sa.URL) -> AsyncEngine:
+        """An engine of the store's own. On SQLite, even when the app gives its
+        engine, the store opens the same file through connections whose busy
+        timeout is the store's: a statement behind a lock then fails by itself
+        within `timeout`, before the operation's deadline could cut it
+        mid-statement. Cut there, aiosqlite's connections lingered, each holding
+        or waiting for the file's lock, and after a long outside lock the workers
+        of a host kept each other locked out (and the app's pool, which the store
+        borrowed, with them). SQLite has no server connections to save by
+        sharing the app's pool."""
+        if url.get_backend_name() == "sqlite":
+            return create_async_engine(url, connect_args={"timeout": self.timeout})
+        return create_async_engine(url)
 
     async def close(self) -> None:
         try:
