@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,15 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
         event.listen(engine.sync_engine, "after_cursor_execute", answered)
 
         class TimedStore(SQLAlchemyStore):
-            async def claim(self, job: str, tick: float) -> int | None:
+            async def claim(
+                self, wanted: Sequence[tuple[str, float]]
+            ) -> dict[str, int | Exception]:
                 t0 = time.perf_counter()
-                fence = await super().claim(job, tick)
+                fences = await super().claim(wanted)
                 if on:
                     latencies.append((time.perf_counter() - t0) * 1000)
-                    statements["claim calls"] += 1
-                return fence
+                    statements["claim calls"] += len(wanted)
+                return fences
 
         store = TimedStore(engine)
     scheduler = Scheduler(store=store)

@@ -15,7 +15,7 @@ from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, JobStatus, Outcome
-from ._store import Instance, Store
+from ._store import Ended, Instance, Store
 
 __all__ = [
     "Clock",
@@ -23,6 +23,7 @@ __all__ = [
     "ClusterView",
     "ConfigurationError",
     "Cron",
+    "Ended",
     "ErrorInfo",
     "Every",
     "FastAPIJobsError",

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import logging
 import math
+from collections.abc import Callable
 
 import anyio
 
@@ -25,22 +26,22 @@ __all__ = ["Lease", "LeaseKeeper"]
 class Lease:
     """The lease of one claimed run."""
 
-    __slots__ = ("ended", "fence", "job", "logger", "lost", "renewed_at", "scope")
+    __slots__ = ("cancel", "ended", "fence", "job", "logger", "lost", "renewed_at")
 
     def __init__(
         self,
         job: str,
         fence: int,
         renewed_at: float,
-        scope: anyio.CancelScope,
+        cancel: Callable[[], object],
         logger: logging.Logger,
     ) -> None:
         self.job = job
         self.fence = fence
         self.renewed_at = renewed_at
         """When the last successful renewal (or the claim) was sent."""
-        self.scope = scope
-        """The run's scope, cancelled when the lease is lost."""
+        self.cancel = cancel
+        """Cancels the run (its task or its scope): called when the lease is lost."""
         self.logger = logger
         self.lost: str | None = None
         """Why the lease was lost, if it was."""
@@ -62,11 +63,12 @@ class LeaseKeeper:
         job: str,
         fence: int,
         claimed_at: float,
-        scope: anyio.CancelScope,
+        cancel: Callable[[], object],
         logger: logging.Logger,
     ) -> Lease:
-        """Keep the lease of a claim sent at ``claimed_at`` until :meth:`end`."""
-        lease = Lease(job, fence, claimed_at, scope, logger)
+        """Keep the lease of a claim sent at ``claimed_at`` until :meth:`end`;
+        ``cancel`` cancels the run if the lease is lost."""
+        lease = Lease(job, fence, claimed_at, cancel, logger)
         self._renew_at(lease, claimed_at + self.store.lease / 3)
         return lease
 
@@ -127,4 +129,4 @@ class LeaseKeeper:
     def _lose(lease: Lease, reason: str) -> None:
         if not lease.ended:
             lease.lost = reason
-            lease.scope.cancel()
+            lease.cancel()

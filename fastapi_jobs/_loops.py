@@ -1,4 +1,4 @@
-"""Where the job loops live: one task per job, all held by one owner task.
+"""Where the jobs' tasks live: one task per job, all held by one owner task.
 
 The owner is a single task of the scheduler's anyio task group, and it does
 not return before every loop has ended, so no loop outlives the lifespan; the
@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from ._runner import JobRunner
+from ._runner import Dispatching, JobRunner
 
 __all__ = ["run_loops"]
 
@@ -27,9 +27,12 @@ _ABANDON_AFTER = 5.0
 
 
 async def run_loops(
-    runners: list[JobRunner], state: Mapping[str, Any], all_ended: anyio.Event
+    runners: list[JobRunner],
+    state: Mapping[str, Any],
+    dispatcher: Dispatching,
+    all_ended: anyio.Event,
 ) -> None:
-    """Run each runner's loop until it ends; set ``all_ended`` when the last does.
+    """Run each runner's task until it ends; set ``all_ended`` when the last does.
 
     On asyncio, whoever sets ``all_ended`` first makes this return: the
     scheduler does so to stop waiting for loops that ignore cancellation.
@@ -48,22 +51,25 @@ async def run_loops(
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        await _run_as_anyio_tasks(runners, state, ended)
+        await _run_as_anyio_tasks(runners, state, dispatcher, ended)
     else:
-        await _run_as_asyncio_tasks(loop, runners, state, ended, all_ended)
+        await _run_as_asyncio_tasks(loop, runners, state, dispatcher, ended, all_ended)
 
 
 async def _run_as_asyncio_tasks(
     loop: asyncio.AbstractEventLoop,
     runners: list[JobRunner],
     state: Mapping[str, Any],
+    dispatcher: Dispatching,
     ended: Callable[[object], None],
     all_ended: anyio.Event,
 ) -> None:
     tasks = []
     for runner in runners:
-        task = loop.create_task(runner.loop(state), name=f"fastapi_jobs:{runner.job.name}")
-        runner.bind(task.cancel)
+        task = loop.create_task(
+            runner.serve(state, dispatcher), name=f"fastapi_jobs:{runner.job.name}"
+        )
+        runner.bind(task.cancel, task)
         task.add_done_callback(ended)
         tasks.append(task)
     try:
@@ -79,17 +85,20 @@ async def _run_as_asyncio_tasks(
         raise
     for task in tasks:
         if task.done() and not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]  # a bug in a loop: surface it
+            raise task.exception()  # type: ignore[misc]  # a bug in a job's task: surface it
 
 
 async def _run_as_anyio_tasks(
-    runners: list[JobRunner], state: Mapping[str, Any], ended: Callable[[object], None]
+    runners: list[JobRunner],
+    state: Mapping[str, Any],
+    dispatcher: Dispatching,
+    ended: Callable[[object], None],
 ) -> None:
     async def run(runner: JobRunner) -> None:
         try:
             with anyio.CancelScope() as scope:
-                runner.bind(scope.cancel)
-                await runner.loop(state)
+                runner.bind(scope.cancel, None)
+                await runner.serve(state, dispatcher)
         finally:
             ended(None)
 

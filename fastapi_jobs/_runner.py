@@ -1,10 +1,9 @@
-"""The life of one job inside the scheduler: its loop and its guarded run.
+"""The life of one job inside the scheduler: its task and its guarded run.
 
-The loop waits for the next tick of the job's schedule, runs the job, and
-computes the following tick from the schedule's grid, never from when the
-run ended, so nothing drifts. A run is awaited in the loop itself: ticks
-that come while it goes are dropped (and counted), never queued, and no task
-is spawned per run.
+The job's task parks until the dispatcher wakes it for a tick (see
+``_dispatcher``), runs the job, and parks again. A run is awaited in the task
+itself: ticks that come while it goes are dropped (and counted by the
+dispatcher), never queued, and no task is spawned per run.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import anyio
 
@@ -25,20 +24,30 @@ from ._context import JobContext
 from ._errors import LeaseLostError
 from ._job import Job
 from ._leases import LeaseKeeper
+from ._schedules import Every
 from ._status import ErrorInfo, JobStats, Outcome
-from ._store import Store
+from ._store import Ended
 
-__all__ = ["JobRunner", "RunResult"]
+if TYPE_CHECKING:
+    from ._claims import Claims
+
+__all__ = ["JobRunner", "Ran", "RunResult"]
+
+_US = 1_000_000
+_NOT_STARTED = "the scheduler stopped before the run started"
+
+
+class Dispatching(Protocol):
+    """What a job's task needs of the dispatcher (``_dispatcher.Dispatcher``)."""
+
+    def add(self, runner: JobRunner, tick: float) -> None: ...
+
 
 _DEBUG = logging.DEBUG
 _NOT_A_STOP = (
     "; raised by the job's own code, it is the job's failure, not a request to stop "
     "the app (the next tick runs as usual)"
 )
-
-# Timers may fire a hair before the wall clock reaches the tick (the loop
-# sleeps on the monotonic clock); closer than this counts as on time.
-_EARLY = 0.001
 
 
 def _cancelled_from_outside(exc: BaseException) -> bool:
@@ -77,22 +86,44 @@ class RunResult:
         return self.outcome == "ok"
 
 
+class Ran(NamedTuple):
+    """How one run ended, as :meth:`JobRunner.run` returns it."""
+
+    outcome: Outcome
+    error: BaseException | None
+    duration: float
+
+
 class JobRunner:
-    """Runs one job: on its schedule (:meth:`loop`) or now (:meth:`run`)."""
+    """Runs one job: when the dispatcher wakes it (:meth:`serve`), or now (:meth:`run`).
+
+    The dispatcher owns the schedule (when the job is due, ticks dropped while
+    it runs); the runner owns the job's task, which parks between runs, and
+    everything about one run: its claim's lease and release, its timeout, its
+    errors.
+    """
 
     __slots__ = (
         "_cancel",
+        "_claims",
         "_clock",
-        "_in_loop_run",
+        "_gate",
+        "_grid_us",
         "_logger",
         "_parent_logger",
-        "_stopping",
+        "_period_us",
+        "_task",
         "_thread_done",
-        "_unreleased",
+        "claimed_at",
+        "due",
+        "fence",
+        "in_flight",
         "job",
         "leases",
         "stats",
+        "stopping",
         "store",
+        "woken",
     )
 
     def __init__(
@@ -111,11 +142,25 @@ class JobRunner:
         self._clock = clock
         self._parent_logger = logger
         self._logger: logging.Logger | None = None
+        self._claims: Claims | None = None
         self._cancel: Callable[[], object] | None = None
-        self._stopping = False
-        self._in_loop_run = False
-        self._unreleased: int | None = None  # the fence of a release that failed
+        self._task: asyncio.Task[Any] | None = None
+        self._gate: Any = None  # what the parked task waits on: a Future (asyncio), an Event
         self._thread_done: threading.Event | None = None  # set when the sync job's thread returns
+        schedule = job.schedule
+        # Interval jobs step on their grid by integer microseconds; others (and
+        # subclasses, which may move their ticks) ask the schedule.
+        self._period_us = schedule.period_us if type(schedule) is Every else 0
+        self._grid_us = 0
+        # Set by the dispatcher:
+        self.stopping = False
+        self.in_flight = False
+        """The dispatcher has taken a tick for this job (claiming, woken or running)."""
+        self.woken = False
+        self.due = 0.0
+        """The tick of the run the dispatcher wakes the job for."""
+        self.fence: int | None = None
+        self.claimed_at = 0.0
 
     @property
     def logger(self) -> logging.Logger:
@@ -125,89 +170,129 @@ class JobRunner:
             self._logger = self._parent_logger.getChild(self.job.name)
         return self._logger
 
-    # -- the loop ---------------------------------------------------------
+    # -- on the dispatcher's side ---------------------------------------------
 
-    def arm(self) -> None:
-        """Make ready to loop again (a scheduler can be started more than once)."""
-        self._stopping = False
+    def arm(self, claims: Claims | None) -> None:
+        """Make ready to serve (a scheduler can be started more than once)."""
+        self._claims = claims
+        self.stopping = self.in_flight = self.woken = False
+        self.fence = None
 
-    def bind(self, cancel: Callable[[], object]) -> None:
-        """Give the loop how to cancel the task (or scope) that runs it."""
-        self._cancel = cancel
+    def place(self, tick: float) -> None:
+        """The job is due at ``tick``: :meth:`advance` steps on from there."""
+        if self._period_us:
+            self._grid_us = round(self.job.schedule.next_after(tick) * _US) - self._period_us
 
-    async def loop(self, state: Mapping[str, Any]) -> None:
-        """Run the job on its schedule until :meth:`stop` (or cancellation)."""
-        # The hot path of the library: one pass per tick of every job. Keep
-        # it to plain attribute reads and as few awaits and calls as can be.
-        clock, schedule, stats = self._clock, self.job.schedule, self.stats
+    def advance(self, tick: float) -> float:
+        """The job's next tick after ``tick``, the instant it was due at."""
+        period = self._period_us
+        if period:
+            self._grid_us = grid = self._grid_us + period
+            return grid / _US
+        return self.job.schedule.next_after(tick)
+
+    def skip_missed(self, tick: float, now: float) -> tuple[float, float]:
+        """Late at ``now`` for ``tick``: count the ticks missed; the latest due
+        tick (to run) and the one after it."""
+        schedule = self.job.schedule
+        missed, latest = schedule.ticks_between(tick, now)
+        self.stats.skip("missed", missed)
+        self.place(latest)
+        return latest, self.advance(latest)
+
+    def wake(self) -> None:
+        """Run the job for :attr:`due` (with :attr:`fence` if claimed)."""
+        if self.stopping:
+            self.settle()
+            return
+        self.woken = True
+        gate = self._gate
+        if gate is not None:
+            self._gate = None
+            if self._task is not None:
+                gate.set_result(None)
+            else:
+                gate.set()
+
+    def settle(self) -> None:
+        """The tick taken for this job will not run here: free the job again
+        (and release the claim made for it, if any)."""
+        self.in_flight = self.woken = False
+        fence = self.fence
+        if fence is not None:
+            self.fence = None
+            assert self._claims is not None
+            self._claims.release_soon(Ended(self.job.name, fence, "cancelled", _NOT_STARTED, 0.0))
+        if self.stopping and self._cancel is not None:
+            self._cancel()
+
+    @property
+    def busy(self) -> bool:
+        """A run is taken or going, or the thread of an earlier one has not returned."""
+        done = self._thread_done
+        return self.in_flight or self.stats.running or (done is not None and not done.is_set())
+
+    @property
+    def thread_running(self) -> bool:
+        """A thread of this job runs on after its run was cut or abandoned."""
+        done = self._thread_done
+        return not self.stats.running and done is not None and not done.is_set()
+
+    # -- the job's task -----------------------------------------------------
+
+    def bind(self, cancel: Callable[[], object], task: asyncio.Task[Any] | None) -> None:
+        """Give the runner how to cancel the task (or scope) that serves it."""
+        self._cancel, self._task = cancel, task
+
+    async def serve(self, state: Mapping[str, Any], dispatcher: Dispatching) -> None:
+        """The job's task: park until woken, run, and again, until :meth:`stop`."""
+        task = self._task
+        loop = None if task is None else task.get_loop()
         try:
-            if self._stopping:
-                return
-            now = clock.now()
-            tick = schedule.next_after(now)
-            first = None
-            if self.job.run_on_startup or self.job.catch_up is not None:
-                first = await self._first_tick(now)
-            if first is not None:
-                stats.next_run_at = tick
-                await self._run_in_loop(first, state, now)
-                if self._stopping:
-                    return
-                tick = self._after_run(first, tick)
-            while True:
-                stats.next_run_at = tick
-                await clock.sleep_until(tick)
-                now = clock.now()
-                if now < tick - _EARLY:
-                    continue  # woke early: the wall clock was stepped back
-                nxt = schedule.next_after(tick)
-                if nxt <= now:
-                    # Woke late (blocked loop, machine asleep): only the
-                    # latest due tick runs.
-                    missed, tick = schedule.ticks_between(tick, now)
-                    stats.skip("missed", missed)
-                    nxt = schedule.next_after(tick)
-                # A run started by hand, or the thread of a cut run, is going (the
-                # property `busy`, inlined: this runs on every tick).
-                thread = self._thread_done
-                if stats.running or (thread is not None and not thread.is_set()):
-                    stats.skip("overlap")
-                    tick = nxt
-                    continue
-                stats.next_run_at = nxt
-                await self._run_in_loop(tick, state, now)
-                if self._stopping:
-                    return
-                # The next tick comes from the grid; ticks that passed while
-                # the run went were dropped, not queued.
-                finished = stats.last_finished_at
-                tick = nxt if finished is None or nxt > finished else self._after_run(tick, nxt)
+            if self.job.catch_up is not None:
+                # Needs a round trip to the store: here, not in the scheduler's start.
+                now = self._clock.now()
+                first = await self._missed_tick(now, self.job.catch_up)
+                if first is None:
+                    first = self.first_tick(now)
+                dispatcher.add(self, first)
+            while not self.stopping:
+                if not self.woken:
+                    if loop is not None:
+                        self._gate = gate = loop.create_future()
+                        await gate
+                    else:
+                        self._gate = event = anyio.Event()
+                        await event.wait()
+                self.woken = False
+                if self.stopping:
+                    self.settle()  # woken just before the stop: no new run
+                    break
+                fence = self.fence
+                try:
+                    if fence is None:
+                        await self.run(self.due, state)
+                    else:
+                        self.fence = None
+                        await self._run_claimed(fence, state)
+                finally:
+                    self.in_flight = False
         except BaseException as exc:
-            if not (self._stopping and _is_cancellation(exc)):
+            if not (self.stopping and _is_cancellation(exc)):
                 raise  # a cancellation from outside is never swallowed
-            # Our own stop() or cut(): the loop ends quietly.
+            # Our own stop() or cut(): the task ends quietly.
         finally:
-            self._cancel = None
-            stats.next_run_at = None
+            self._cancel = self._task = self._gate = None
+            self.stats.next_run_at = None
 
-    def _after_run(self, ran_for: float, nxt: float) -> float:
-        """The tick to wait for after the run for ``ran_for``; count overlaps."""
-        end = self._clock.now()
-        if nxt > end:
-            return nxt
-        dropped, last = self.job.schedule.ticks_between(ran_for, end)
-        self.stats.skip("overlap", dropped)
-        return self.job.schedule.next_after(last)
-
-    async def _first_tick(self, now: float) -> float | None:
-        """The tick to run at once when the loop starts, if any."""
+    def first_tick(self, now: float) -> float:
+        """The tick the job is first due at when the scheduler starts at ``now``."""
         job = self.job
-        first = None if job.catch_up is None else await self._missed_tick(now, job.catch_up)
-        if first is None and job.run_on_startup:
+        if job.run_on_startup:
             # Claimed jobs run the current period's tick, so that instances
             # starting together run it once between them.
-            first = now if self.store is None else job.schedule.last_at_or_before(now)
-        return first
+            return now if self.store is None else job.schedule.last_at_or_before(now)
+        return job.schedule.next_after(now)
 
     async def _missed_tick(self, now: float, deadline: float) -> float | None:
         """After downtime, the latest missed tick if it is within ``deadline``."""
@@ -241,54 +326,47 @@ class JobRunner:
         )
         return latest
 
-    async def _run_in_loop(self, tick: float, state: Mapping[str, Any], now: float) -> None:
-        self._in_loop_run = True
+    # -- claimed runs -------------------------------------------------------
+
+    async def _run_claimed(self, fence: int, state: Mapping[str, Any]) -> None:
+        """Run the tick the dispatcher claimed, under a renewed lease; release it."""
+        leases, claims, name = self.leases, self._claims, self.job.name
+        assert leases is not None and claims is not None
+        started = self._clock.now()
+        ended = Ended(name, fence, "cancelled", None, 0.0)  # unless the run returns
+        task = self._task
+        # A lost lease cancels the job's task on asyncio (cheaper than a scope
+        # per run), the run's own scope elsewhere.
+        scope = None if task is not None else anyio.CancelScope()
+        cancel = task.cancel if task is not None else scope.cancel  # type: ignore[union-attr]
+        lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
         try:
-            if self.leases is None:
-                await self.run(tick, state, started=now)
+            if scope is None:
+                ran = await self.run(self.due, state, fence=fence, started=started)
+                ended = self._ended(fence, ran)
             else:
-                await self._run_claimed(self.leases, tick, state)
-        finally:
-            self._in_loop_run = False
-
-    # -- claims -----------------------------------------------------------
-
-    async def _run_claimed(
-        self, leases: LeaseKeeper, tick: float, state: Mapping[str, Any]
-    ) -> None:
-        """Claim the tick in the store; if ours, run it under a renewed lease."""
-        name, stats, store = self.job.name, self.stats, leases.store
-        if self._unreleased is not None:
-            # The database missed the last release (it was down): until it has
-            # it, our own lease would keep this tick from being claimed.
-            await self._release(store, self._unreleased)
-        claimed_at = anyio.current_time()
-        try:
-            with anyio.fail_after(store.timeout):
-                fence = await store.claim(name, tick)
-        except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
-            stats.skip("store_unavailable")
-            self.logger.warning(
-                "job %r: store unreachable, tick skipped: %r", name, exc, extra={"job": name}
-            )
-            return
-        if fence is None:
-            stats.skip("claimed_elsewhere")
-            return
-        run_scope = anyio.CancelScope()
-        lease = leases.hold(name, fence, claimed_at, run_scope, self.logger)
-        try:
-            with run_scope:
-                await self.run(tick, state, fence=fence)
+                with scope:  # absorbs the cancellation of a lost lease
+                    ran = await self.run(self.due, state, fence=fence, started=started)
+                    ended = self._ended(fence, ran)
+        except BaseException as exc:
+            if lease.lost is None or self.stopping or not _is_cancellation(exc):
+                raise
         finally:
             leases.end(lease)
             if lease.lost is not None:
+                if task is not None:
+                    task.uncancel()  # the keeper's cancel is spent
                 self._record_lost(lease.lost)
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
-                with anyio.CancelScope(shield=True):
-                    await self._release(store, fence)
+                if ended.outcome == "cancelled":
+                    ended = ended._replace(duration=max(0.0, self._clock.now() - started))
+                claims.release_soon(ended)
+
+    def _ended(self, fence: int, ran: Ran) -> Ended:
+        error = None if ran.error is None else str(ErrorInfo.of(ran.error))
+        return Ended(self.job.name, fence, ran.outcome, error, ran.duration)
 
     def _record_lost(self, reason: str) -> None:
         stats, name = self.stats, self.job.name
@@ -299,40 +377,11 @@ class JobRunner:
             "job %r lost its lease (%s): run cancelled", name, reason, extra={"job": name}
         )
 
-    async def _release(self, store: Store, fence: int) -> None:
-        self._unreleased = fence
-        stats = self.stats
-        error = stats.last_error if stats.last_outcome in ("failed", "timed_out") else None
-        try:
-            with anyio.fail_after(store.timeout):
-                await store.release(
-                    self.job.name,
-                    fence,
-                    stats.last_outcome or "cancelled",
-                    None if error is None else str(ErrorInfo.of(error)),
-                    stats.last_duration or 0.0,
-                )
-        except Exception as exc:  # noqa: BLE001 - retried; else the lease expires
-            self.logger.warning(
-                "job %r: could not release its claim (%r); retried at the next tick, "
-                "or it frees when the lease ends",
-                self.job.name,
-                exc,
-                extra={"job": self.job.name},
-            )
-        else:
-            self._unreleased = None
-
     def stop(self) -> None:
-        """Stop ticking: at once if idle, else after the run in flight."""
-        self._stopping = True
-        if not self._in_loop_run and self._cancel is not None:
+        """Stop: at once if idle, else after the run in flight."""
+        self.stopping = True
+        if not self.in_flight and self._cancel is not None:
             self._cancel()
-
-    @property
-    def in_flight(self) -> bool:
-        """The loop is inside a run (what shutdown waits for)."""
-        return self._in_loop_run
 
     def cut(self) -> None:
         """Cancel the run in flight (shutdown deadline passed)."""
@@ -349,7 +398,7 @@ class JobRunner:
         manual: bool = False,
         fence: int | None = None,
         started: float | None = None,
-    ) -> Outcome:
+    ) -> Ran:
         """Run the job once, guarded: whatever the job raises is logged and
         recorded, never raised; a cancellation from outside the job (shutdown,
         timeout, lost lease, the caller) is recorded and re-raised."""
@@ -396,19 +445,7 @@ class JobRunner:
                 self.logger.debug(
                     "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
                 )
-        return outcome
-
-    @property
-    def busy(self) -> bool:
-        """A run is going, or the thread of an earlier one has not returned yet."""
-        done = self._thread_done
-        return self.stats.running or (done is not None and not done.is_set())
-
-    @property
-    def thread_running(self) -> bool:
-        """A thread of this job runs on after its run was cut or abandoned."""
-        done = self._thread_done
-        return not self.stats.running and done is not None and not done.is_set()
+        return Ran(outcome, error, duration)
 
     async def _call_sync(self, args: tuple[JobContext, ...]) -> TimeoutError | None:
         """Run the sync job in a worker thread; a TimeoutError if it passed its timeout.

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from ._checks import seconds
+from ._claims import Claims
 from ._clock import Clock, OffsetClock, SystemClock
+from ._dispatcher import Dispatcher
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, short
 from ._heartbeat import Heartbeat
 from ._job import Job
@@ -259,22 +261,35 @@ class Scheduler:
             if self._heartbeat is not None:
                 await self._heartbeat.beat()  # learn the database's time before ticking
             self._log_start(runners)
+            claims = None if store is None else Claims(store, self.logger)
+            dispatcher = Dispatcher(self._ticking_clock, claims, self.logger)
+            now = self._ticking_clock.now()
+            for runner in runners:
+                runner.arm(claims)
+                if runner.job.catch_up is None:  # else its task asks the store first
+                    dispatcher.add(runner, runner.first_tick(now))
             async with anyio.create_task_group() as tg:
-                beating, keeping = anyio.CancelScope(), anyio.CancelScope()
+                beating, keeping, releasing = (anyio.CancelScope() for _ in range(3))
+                dispatching = anyio.CancelScope()
                 if self._heartbeat is not None:
                     tg.start_soon(_run_in, beating, self._heartbeat.run)
                 if self._leases is not None:
                     tg.start_soon(_run_in, keeping, self._leases.run)
-                for runner in runners:
-                    runner.arm()
-                tg.start_soon(run_loops, runners, self._state, stopped)
+                if claims is not None:
+                    tg.start_soon(_run_in, releasing, claims.run)
+                tg.start_soon(run_loops, runners, self._state, dispatcher, stopped)
+                tg.start_soon(_run_in, dispatching, dispatcher.run)
                 try:
                     yield
                 finally:
                     with anyio.CancelScope(shield=True):
                         beating.cancel()
+                        dispatching.cancel()  # no more ticks
                         await self._drain(runners, stopped)
                         keeping.cancel()  # the runs in flight renewed their leases until now
+                        if claims is not None:
+                            releasing.cancel()
+                            await claims.flush()  # the releases of the last runs
         finally:
             self._state = None
             if store is not None:
@@ -383,14 +398,13 @@ class Scheduler:
         if state is None:
             state = self._state if self._state is not None else {}
         tick = self.clock.now()
-        outcome = await runner.run(tick, state, manual=True)
-        stats = runner.stats
+        ran = await runner.run(tick, state, manual=True)
         return RunResult(
             name=name,
-            outcome=outcome,
+            outcome=ran.outcome,
             tick=datetime.fromtimestamp(tick, UTC),
-            duration_s=stats.last_duration or 0.0,
-            error=None if outcome == "ok" else stats.last_error,
+            duration_s=ran.duration,
+            error=ran.error,
         )
 
     # -- status -----------------------------------------------------------

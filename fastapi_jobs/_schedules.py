@@ -144,6 +144,11 @@ class Every(Schedule):
         self.interval = timedelta(microseconds=period_us)
         self.offset = timedelta(microseconds=offset_us)
 
+    @property
+    def period_us(self) -> int:
+        """The interval in whole microseconds: ticks lie this far apart exactly."""
+        return self._period_us
+
     def next_after(self, ts: float) -> float:
         off, period = self._offset_us, self._period_us
         k = (_us(ts) - off) // period + 1

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ._status import ClusterView, Outcome
 
-__all__ = ["Instance", "Store"]
+__all__ = ["Ended", "Instance", "Store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,17 @@ class Instance:
         if not self.id:
             # Host and pid for people; a random suffix because pids are reused.
             object.__setattr__(self, "id", f"{self.hostname}:{self.pid}:{secrets.token_hex(3)}")
+
+
+class Ended(NamedTuple):
+    """How the run of one claim ended: what :meth:`Store.release` records."""
+
+    job: str
+    fence: int
+    outcome: Outcome
+    error: str | None
+    """The error as the status page shows it (``ErrorInfo``), or None."""
+    duration: float
 
 
 @runtime_checkable
@@ -56,16 +67,26 @@ class Store(Protocol):
     async def close(self) -> None:
         """Forget this instance (graceful stop) and free what open() took."""
 
-    async def claim(self, job: str, tick: float) -> int | None:
-        """Claim ``tick`` of ``job``: the new fence, or None if another has it."""
+    async def claim(self, wanted: Sequence[tuple[str, float]]) -> Mapping[str, int | Exception]:
+        """Claim each ``(job, tick)``, all in one go (the scheduler asks once per
+        instant for every job due then).
+
+        Returns, by job, the new fence of each claim made; a job that is missing
+        is held elsewhere (or its tick is not newer than its last); an exception
+        is that job's own failure (a value the database refused), while the
+        others went through. Raises when the store cannot be reached at all.
+        """
 
     async def renew(self, job: str, fence: int) -> bool:
         """Extend the lease of the claim ``fence``; False if it is not ours any more."""
 
-    async def release(
-        self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
-    ) -> None:
-        """Record how the run of claim ``fence`` ended and free the lease."""
+    async def release(self, ended: Sequence[Ended]) -> Mapping[str, Exception]:
+        """Record how the runs of these claims ended and free their leases.
+
+        Returns the failures of single rows, by job (the others went through);
+        raises when the store cannot be reached at all. Releasing a claim that is
+        no longer the job's latest changes nothing.
+        """
 
     async def last_tick(self, job: str) -> float | None:
         """The last tick claimed for ``job`` by any instance, if any."""

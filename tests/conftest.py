@@ -17,7 +17,7 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from sqlalchemy import event
 
-from fastapi_jobs import LoopClock, Scheduler
+from fastapi_jobs import Ended, LoopClock, Outcome, Scheduler, Store
 
 from .postgres import PostgresServer
 
@@ -94,3 +94,20 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     server: PostgresServer = request.getfixturevalue("postgres")
     return server.url(server.create_database(), driver=request.param)
+
+
+async def claim1(store: Store, job: str, tick: float) -> int | None:
+    """One claim through the store's batch call: the fence, or None if held elsewhere."""
+    fence = (await store.claim([(job, tick)])).get(job)
+    if isinstance(fence, Exception):
+        raise fence
+    return fence
+
+
+async def release1(
+    store: Store, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
+) -> None:
+    """One release through the store's batch call; a refused row raises."""
+    refused = await store.release([Ended(job, fence, outcome, error, duration)])
+    if job in refused:
+        raise refused[job]

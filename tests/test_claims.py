@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from fastapi_jobs import Every, Instance, JobContext, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from .conftest import claim1, release1
 from .postgres import PostgresServer
 
 
@@ -355,9 +356,9 @@ async def test_catch_up_runs_the_latest_missed_tick_once_within_the_deadline(
         seed = SQLAlchemyStore(engine)
         await seed.open({}, Instance())
         for name in ("digest", "late"):
-            fence = await seed.claim(name, (latest - timedelta(hours=5)).timestamp())
+            fence = await claim1(seed, name, (latest - timedelta(hours=5)).timestamp())
             assert fence == 1
-            await seed.release(name, fence, "ok", None, 1.0)
+            await release1(seed, name, fence, "ok", None, 1.0)
 
         ticks: dict[str, list[datetime]] = {"digest": [], "late": []}
         scheduler = instance(engine)
@@ -388,7 +389,7 @@ async def test_catch_up_never_reruns_a_tick_a_peer_ran(database_url: str) -> Non
     async with engine_for(database_url) as engine:
         seed = SQLAlchemyStore(engine)
         await seed.open({}, Instance())
-        await seed.release("digest", await seed.claim("digest", 0.0) or 0, "ok", None, 0.0)
+        await release1(seed, "digest", await claim1(seed, "digest", 0.0) or 0, "ok", None, 0.0)
         runs: list[datetime] = []
         async with AsyncExitStack() as stack:
             for _ in range(2):

@@ -14,6 +14,7 @@ def test_exported_members() -> None:
         "ClusterView",
         "ConfigurationError",
         "Cron",
+        "Ended",
         "ErrorInfo",
         "Every",
         "FastAPIJobsError",

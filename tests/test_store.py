@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
-from typing import TypeVar
 
 import anyio
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import ConfigurationError, Instance, JobContext, LeaseLostError, StoreError
+from fastapi_jobs import (
+    ConfigurationError,
+    Ended,
+    Instance,
+    JobContext,
+    LeaseLostError,
+    StoreError,
+)
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START
-
-T = TypeVar("T")
+from .conftest import START, claim1, release1
 
 
 @asynccontextmanager
@@ -39,18 +41,18 @@ async def opened(
 async def test_first_claim_of_a_tick_wins_with_fence_1(database_url: str) -> None:
     """A new job's first claim creates its row and returns fence 1."""
     async with opened(database_url) as (store, _):
-        assert await store.claim("digest", 100.0) == 1
+        assert await claim1(store, "digest", 100.0) == 1
         assert await store.last_tick("digest") == 100.0
 
 
 async def test_a_tick_is_claimed_once(database_url: str) -> None:
     """Claiming the same tick again fails, even after the first claim was released."""
     async with opened(database_url) as (store, _):
-        fence = await store.claim("digest", 100.0)
+        fence = await claim1(store, "digest", 100.0)
         assert fence == 1
-        await store.release("digest", fence, "ok", None, 0.1)
-        assert await store.claim("digest", 100.0) is None
-        assert await store.claim("digest", 99.0) is None  # older ticks never run
+        await release1(store, "digest", fence, "ok", None, 0.1)
+        assert await claim1(store, "digest", 100.0) is None
+        assert await claim1(store, "digest", 99.0) is None  # older ticks never run
 
 
 async def test_a_newer_tick_waits_for_the_lease(database_url: str) -> None:
@@ -58,10 +60,10 @@ async def test_a_newer_tick_waits_for_the_lease(database_url: str) -> None:
     async with opened(database_url) as (a, engine):
         peer = SQLAlchemyStore(engine)
         await peer.open({}, Instance())
-        assert await a.claim("digest", 100.0) == 1
-        assert await peer.claim("digest", 200.0) is None
-        await a.release("digest", 1, "ok", None, 1.0)
-        assert await peer.claim("digest", 200.0) == 2
+        assert await claim1(a, "digest", 100.0) == 1
+        assert await claim1(peer, "digest", 200.0) is None
+        await release1(a, "digest", 1, "ok", None, 1.0)
+        assert await claim1(peer, "digest", 200.0) == 2
         await peer.close()
 
 
@@ -70,12 +72,12 @@ async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_u
     async with opened(database_url, lease=0.6, timeout=0.15) as (holder, engine):
         peer = SQLAlchemyStore(engine, lease=0.6, timeout=0.15)
         await peer.open({}, Instance())
-        assert await holder.claim("digest", 100.0) == 1
+        assert await claim1(holder, "digest", 100.0) == 1
         assert await holder.renew("digest", 1)
         await anyio.sleep(0.8)  # the lease (on the database's clock) runs out
-        assert await peer.claim("digest", 200.0) == 2
+        assert await claim1(peer, "digest", 200.0) == 2
         assert not await holder.renew("digest", 1)
-        await holder.release("digest", 1, "ok", None, 1.0)  # a stale release changes nothing
+        await release1(holder, "digest", 1, "ok", None, 1.0)  # a stale release changes nothing
         view = await peer.read()
         assert view.jobs["digest"].fence == 2
         assert view.jobs["digest"].running_on == peer._owner
@@ -87,9 +89,9 @@ async def test_release_records_the_outcome_cluster_wide(database_url: str) -> No
     """A released run shows its outcome, error, duration and instance to every peer."""
     async with opened(database_url) as (store, _):
         await store.beat()
-        fence = await store.claim("digest", START.timestamp())
+        fence = await claim1(store, "digest", START.timestamp())
         assert fence == 1
-        await store.release("digest", fence, "failed", "ConnectionError: smtp", 2.5)
+        await release1(store, "digest", fence, "failed", "ConnectionError: smtp", 2.5)
         view = await store.read()
     job = view.jobs["digest"]
     assert job.last_tick == START
@@ -104,10 +106,10 @@ async def test_release_records_the_outcome_cluster_wide(database_url: str) -> No
     assert me.id == store._owner
 
 
-async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outcome(
+async def test_releases_sent_together_share_a_statement_and_keep_their_own_outcome(
     database_url: str, on_statement: Callable[[Callable[..., None]], None]
 ) -> None:
-    """Three releases sent together: one statement, each row its own outcome, error
+    """Three releases in one call: one statement, each row its own outcome, error
     and duration; a release naming a stale fence changes nothing."""
     statements: list[str] = []
     async with opened(database_url) as (store, _):
@@ -116,18 +118,19 @@ async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outc
             statements.append(statement)
 
         on_statement(seen)
-        fences: dict[str, int] = {}
-        for job in ("a", "b", "c"):
-            fence = await store.claim(job, 100.0)
-            assert fence is not None
-            fences[job] = fence
-        assert await store.claim("c", 101.0) is None  # c is still held
+        fences = await store.claim([("a", 100.0), ("b", 100.0), ("c", 100.0)])
+        assert fences == {"a": 1, "b": 1, "c": 1}
+        assert await claim1(store, "c", 101.0) is None  # c is still held
         statements.clear()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(store.release, "a", fences["a"], "ok", None, 0.5))
-            tg.start_soon(partial(store.release, "b", fences["b"], "failed", "KeyError: 'x'", 1.5))
-            tg.start_soon(partial(store.release, "c", 99, "timed_out", "TimeoutError: late", 9.0))
+        refused = await store.release(
+            [
+                Ended("a", 1, "ok", None, 0.5),
+                Ended("b", 1, "failed", "KeyError: 'x'", 1.5),
+                Ended("c", 99, "timed_out", "TimeoutError: late", 9.0),
+            ]
+        )
         view = await store.read()
+    assert refused == {}
     assert len([s for s in statements if "UPDATE fastapi_jobs_claims" in s]) == 1
     a, b, c = (view.jobs[job] for job in ("a", "b", "c"))
     assert (a.last_outcome, a.last_error, a.last_duration_s) == ("ok", None, 0.5)
@@ -136,37 +139,37 @@ async def test_releases_at_one_instant_share_a_statement_and_keep_their_own_outc
     assert a.running_on is None and b.running_on is None
 
 
-async def test_batches_of_many_sizes_are_answered_right(database_url: str) -> None:
-    """Batches of 1 to 40 rows (more sizes than the store keeps compiled): every claim
-    gets the right fence and every release frees the right claim."""
+async def test_batches_of_many_sizes_are_answered_right(
+    database_url: str, on_statement: Callable[[Callable[..., None]], None]
+) -> None:
+    """Batches of 1 to 40 rows (more sizes than the store keeps compiled), each in
+    one statement: every claim gets the right fence and every release frees the
+    right claim; a batch may mix ticks."""
+    claims_sent: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "INSERT INTO fastapi_jobs_claims" in statement:
+            claims_sent.append(statement)
+
     async with opened(database_url) as (store, _):
+        on_statement(seen)
         for size in range(1, 41):
             jobs = [f"j{k}" for k in range(size)]
-            expected = [size - k for k in range(size)]  # j{k} joined at batch k + 1
-            assert await _together([partial(store.claim, job, float(size)) for job in jobs]) == (
-                expected
-            )
-            await _together(
-                [
-                    partial(store.release, job, fence, "ok", None, 0.0)
-                    for job, fence in zip(jobs, expected, strict=True)
-                ]
+            # j{k} joined at batch k + 1; one row a tick later than the others.
+            wanted = [(job, float(size) + (0.5 if k == 0 else 0.0)) for k, job in enumerate(jobs)]
+            fences = await store.claim(wanted)
+            assert fences == {f"j{k}": size - k for k in range(size)}
+            assert (
+                await store.release(
+                    [Ended(job, size - k, "ok", None, 0.0) for k, job in enumerate(jobs)]
+                )
+                == {}
             )
         view = await store.read()
+    assert len(claims_sent) == 40
     assert all(view.jobs[f"j{k}"].running_on is None for k in range(40))
-
-
-async def _together(calls: list[Callable[[], Awaitable[T]]]) -> list[T]:
-    """Start every call in the same turn of the loop; their results in order."""
-    results: dict[int, T] = {}
-
-    async def one(k: int) -> None:
-        results[k] = await calls[k]()
-
-    async with anyio.create_task_group() as tg:
-        for k in range(len(calls)):
-            tg.start_soon(one, k)
-    return [results[k] for k in range(len(calls))]
+    last = view.jobs["j0"].last_tick
+    assert last is not None and last.timestamp() == 40.5
 
 
 async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> None:
@@ -174,8 +177,8 @@ async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> No
     the same, then released at once, so the job is free for the next tick instead of
     held for a lease by a run that never happens."""
     async with opened(database_url) as (store, _):
-        with anyio.move_on_after(0.0005):  # inside the 2 ms the batch gathers for
-            await store.claim("digest", 100.0)
+        with anyio.move_on_after(0):  # gave up before the statement could even be sent
+            await claim1(store, "digest", 100.0)
             pytest.fail("the claim should not have been waited for")
         for _ in range(100):  # the release is sent by the store on its own
             job = (await store.read()).jobs.get("digest")
@@ -185,7 +188,7 @@ async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> No
         assert job is not None and job.running_on is None
         assert job.last_outcome == "cancelled"
         assert job.last_error is not None and "came back after its deadline" in job.last_error
-        assert await store.claim("digest", 101.0) == 2  # free at once, not after 30 s
+        assert await claim1(store, "digest", 101.0) == 2  # free at once, not after 30 s
 
 
 async def test_close_removes_the_instance_row(database_url: str) -> None:
@@ -211,7 +214,7 @@ async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
         await conn.execute(sa.text("CREATE TABLE claims (job TEXT, note TEXT)"))
         await conn.execute(sa.text("INSERT INTO claims VALUES ('mine', 'keep me')"))
     async with opened(database_url, engine=engine) as (store, _):
-        assert await store.claim("digest", 1.0) == 1
+        assert await claim1(store, "digest", 1.0) == 1
         async with engine.connect() as conn:
             names = await conn.run_sync(lambda c: sorted(sa.inspect(c).get_table_names()))
             rows = (await conn.execute(sa.text("SELECT job, note FROM claims"))).all()
@@ -223,7 +226,7 @@ async def test_missing_table_without_create_tables_says_how_to_create_it(databas
     """create_tables=False and no table: a clear error naming the DDL."""
     async with opened(database_url, create_tables=False) as (store, _):
         with pytest.raises(StoreError, match=r"fastapi_jobs_claims.*SQLAlchemyStore\.ddl\(\)"):
-            await store.claim("digest", 1.0)
+            await claim1(store, "digest", 1.0)
 
 
 async def test_shipped_ddl_creates_working_tables(database_url: str) -> None:
@@ -235,7 +238,7 @@ async def test_shipped_ddl_creates_working_tables(database_url: str) -> None:
             if statement.strip():
                 await conn.execute(sa.text(statement))
     async with opened(database_url, engine=engine, create_tables=False) as (store, _):
-        assert await store.claim("digest", 1.0) == 1
+        assert await claim1(store, "digest", 1.0) == 1
 
 
 async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -> None:
@@ -246,11 +249,11 @@ async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -
             await conn.execute(sa.text("INSERT INTO ledger VALUES (1, 'initial')"))
         ledger = sa.table("ledger", sa.column("id"), sa.column("note"))
         old = JobContext(
-            "digest", START, {}, store_logger(), fence=await store.claim("digest", 1.0)
+            "digest", START, {}, store_logger(), fence=await claim1(store, "digest", 1.0)
         )
         await anyio.sleep(0.4)
         new = JobContext(
-            "digest", START, {}, store_logger(), fence=await store.claim("digest", 2.0)
+            "digest", START, {}, store_logger(), fence=await claim1(store, "digest", 2.0)
         )
         assert (old.fence, new.fence) == (1, 2)
 
@@ -337,11 +340,11 @@ def test_ddl_for_an_unknown_dialect_is_refused() -> None:
 async def test_a_renewal_after_the_release_does_not_take_the_lease_back(database_url: str) -> None:
     """Once released, a late renewal of the same claim fails and leaves the job free."""
     async with opened(database_url) as (store, _):
-        fence = await store.claim("digest", 1.0)
+        fence = await claim1(store, "digest", 1.0)
         assert fence == 1
-        await store.release("digest", fence, "ok", None, 0.1)
+        await release1(store, "digest", fence, "ok", None, 0.1)
         assert not await store.renew("digest", fence)
-        assert await store.claim("digest", 2.0) == 2
+        assert await claim1(store, "digest", 2.0) == 2
 
 
 async def test_a_row_the_database_refuses_fails_alone_in_its_batch(database_url: str) -> None:
@@ -350,27 +353,25 @@ async def test_a_row_the_database_refuses_fails_alone_in_its_batch(database_url:
     release whose error text the database refuses (a NUL) fails for its job only."""
     async with opened(database_url) as (store, _):
         too_long = "x" * 300
-        results = await asyncio.gather(
-            store.claim("good", 10.0),
-            store.claim(too_long, 10.0),
-            store.claim("also_good", 10.0),
-            return_exceptions=True,
-        )
+        fences = await store.claim([("good", 10.0), (too_long, 10.0), ("also_good", 10.0)])
         if database_url.startswith("sqlite"):
-            assert list(results) == [1, 1, 1]  # SQLite keeps any length
+            assert fences == {"good": 1, too_long: 1, "also_good": 1}  # SQLite keeps any length
         else:
-            assert results[0] == 1 and results[2] == 1
-            assert isinstance(results[1], sa.exc.DBAPIError)
-        released = await asyncio.gather(
-            store.release("good", 1, "failed", "Bad\x00Error", 0.1),
-            store.release("also_good", 1, "ok", None, 0.1),
-            return_exceptions=True,
+            assert fences["good"] == 1 and fences["also_good"] == 1
+            assert isinstance(fences[too_long], sa.exc.DBAPIError)
+        refused = await store.release(
+            [
+                Ended("good", 1, "failed", "Bad\x00Error", 0.1),
+                Ended("also_good", 1, "ok", None, 0.1),
+            ]
         )
         view = await store.read()
-    assert released[1] is None
     assert view.jobs["also_good"].last_outcome == "ok"
-    if not database_url.startswith("sqlite"):
-        assert isinstance(released[0], Exception)  # PostgreSQL text holds no NUL
+    if database_url.startswith("sqlite"):
+        assert refused == {}
+    else:
+        assert list(refused) == ["good"]  # PostgreSQL text holds no NUL
+        assert isinstance(refused["good"], sa.exc.DBAPIError)
 
 
 @pytest.mark.parametrize("how", ["DROP TABLE", "DELETE FROM"])
@@ -380,18 +381,18 @@ async def test_claims_recover_after_the_table_is_dropped_or_emptied(
     """The claims table dropped (or emptied) under a running store: the next claim
     after the failure finds it again (recreated), with no restart."""
     async with opened(database_url) as (store, engine):
-        assert await store.claim("digest", 10.0) == 1
-        await store.release("digest", 1, "ok", None, 0.1)
+        assert await claim1(store, "digest", 10.0) == 1
+        await release1(store, "digest", 1, "ok", None, 0.1)
         async with engine.begin() as conn:
             await conn.execute(sa.text(f"{how} fastapi_jobs_claims"))
         fences: list[int | str | None] = []
         for tick in (11.0, 12.0, 13.0):
             try:
-                fences.append(await store.claim("digest", tick))
+                fences.append(await claim1(store, "digest", tick))
             except sa.exc.DBAPIError:
                 fences.append("failed")
             else:
-                await store.release("digest", fences[-1], "ok", None, 0.1)  # type: ignore[arg-type]
+                await release1(store, "digest", fences[-1], "ok", None, 0.1)  # type: ignore[arg-type]
     # At most the first claim after the drop fails; then the table is back.
     assert fences[-2:] in ([1, 2], [2, 3])
     assert fences[0] in ("failed", 1)
@@ -406,12 +407,12 @@ async def test_a_tick_in_the_future_on_the_database_clock_is_not_claimed(
 
     async with opened(database_url) as (store, _):
         now = time.time()
-        assert await store.claim("digest", now + 30) is None  # the jumped host
+        assert await claim1(store, "digest", now + 30) is None  # the jumped host
         assert await store.last_tick("digest") is None  # nothing recorded: first claim refused
-        assert await store.claim("digest", now - 1) == 1  # the healthy host, on time
-        await store.release("digest", 1, "ok", None, 0.1)
-        assert await store.claim("digest", now + 30) is None  # again, now as an update
-        assert await store.claim("digest", now + 0.5) == 2  # within the margin
+        assert await claim1(store, "digest", now - 1) == 1  # the healthy host, on time
+        await release1(store, "digest", 1, "ok", None, 0.1)
+        assert await claim1(store, "digest", now + 30) is None  # again, now as an update
+        assert await claim1(store, "digest", now + 0.5) == 2  # within the margin
         assert await store.last_tick("digest") == pytest.approx(now + 0.5)
 
 
@@ -438,7 +439,7 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(roll_back_later)
-        assert await store.claim("digest", 100.0) == 1
+        assert await claim1(store, "digest", 100.0) == 1
 
 
 def test_without_sqlalchemy_the_import_says_which_extra_to_install() -> None:

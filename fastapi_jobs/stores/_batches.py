@@ -1,9 +1,9 @@
-"""Batching: rows of one kind (claims, releases) due at one instant share one
-statement, compiled once per size; a row the database refuses fails alone."""
+"""Batching: the rows of one kind (claims, releases) that the scheduler sends
+together share one statement, compiled once per size; a row the database
+refuses fails alone."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,14 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = [
-    "GATHER",
-    "MAX_ROWS",
-    "Batch",
-    "SizedStatements",
-    "each_row_alone_on_error",
-    "own",
-]
+__all__ = ["MAX_ROWS", "SizedStatements", "each_row_alone_on_error"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
@@ -29,9 +22,6 @@ MAX_ROWS = 1000
 # Compiled statements kept, by kind and number of rows (the least recently used
 # goes): an app's batches come in a few sizes, which repeat every tick.
 _SIZES_KEPT = 32
-# Loops due at one instant wake a few microseconds apart (each computed its
-# own delay): the first row of a batch waits this long for the others to join.
-GATHER = 0.002
 
 
 class SizedStatements:
@@ -69,14 +59,6 @@ class SizedStatements:
         return compiled.string, None if names is None else tuple(names)
 
 
-def own(results: dict[str, int | Exception], job: str) -> int | None:
-    """``job``'s result in a batch: its fence, None, or its own error raised."""
-    result = results.get(job)
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
 async def each_row_alone_on_error(
     send: Callable[[list[tuple[str, Any]]], Awaitable[None]],
     rows: list[tuple[str, Any]],
@@ -101,13 +83,3 @@ async def each_row_alone_on_error(
             raise
         except sa.exc.StatementError as exc:
             errors[row[0]] = exc
-
-
-class Batch:
-    """Rows of one kind (claims, releases) due at one instant, sent together."""
-
-    __slots__ = ("rows", "sent")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, Any]] = []
-        self.sent: asyncio.Task[Any] | None = None

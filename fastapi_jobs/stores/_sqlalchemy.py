@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -24,10 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from .._checks import seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
-from .._status import ClusterJobStatus, ClusterView, InstanceStatus, Outcome, utc
-from .._store import Instance
+from .._status import ClusterJobStatus, ClusterView, InstanceStatus, utc
+from .._store import Ended, Instance
 from . import _schema
-from ._batches import GATHER, MAX_ROWS, Batch, SizedStatements, each_row_alone_on_error, own
+from ._batches import MAX_ROWS, SizedStatements, each_row_alone_on_error
 from ._schema import db_now
 
 __all__ = ["SQLAlchemyStore"]
@@ -48,6 +48,14 @@ _DDL_TIMEOUT = 30.0
 # so a long lease buys nothing. Heartbeats faster than this only load the database.
 _MAX_LEASE = 86400.0
 _MIN_HEARTBEAT = 0.1
+
+
+def _chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """``rows`` in statements of at most MAX_ROWS, sorted by job: rows in one order
+    for every instance, so two batches never wait on each other's row locks in
+    opposite orders (no deadlock)."""
+    ordered = sorted(rows, key=lambda row: row[0])
+    return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
 
 
 def _in_memory(url: sa.URL) -> bool:
@@ -126,7 +134,6 @@ class SQLAlchemyStore:
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
         self._ready = False
-        self._batches: dict[str, Batch] = {}
         self._sized = SizedStatements(self._multi_row)
         self._insert: _schema.Insert = _schema.insert_for("postgresql")  # set at open()
         self._ensure_lock = asyncio.Lock()
@@ -205,67 +212,31 @@ class SQLAlchemyStore:
 
     # -- claims -----------------------------------------------------------
 
-    async def claim(self, job: str, tick: float) -> int | None:
-        sent = self._join("claim", job, tick)
+    async def claim(self, wanted: Sequence[tuple[str, float]]) -> dict[str, int | Exception]:
+        """Claim each ``(job, tick)`` in as few statements as can be (one per
+        thousand rows); see :meth:`fastapi_jobs.Store.claim`."""
+        if not wanted:
+            return {}
+        sent = self._spawn(self._in_connection(partial(self._claim_all, _chunks(wanted))))
         try:
-            fences: dict[str, int | Exception] = await asyncio.shield(sent)
+            return await asyncio.shield(sent)
         except BaseException:
-            # The caller gave up (its deadline, shutdown). Should the claim be made
-            # all the same, nobody runs it: free it, or the job waits out a lease.
-            sent.add_done_callback(partial(self._abandoned, job))
+            # The caller gave up (its deadline, shutdown). Should the claims be made
+            # all the same, nobody runs them: free them, or the jobs wait out a lease.
+            sent.add_done_callback(self._abandoned)
             raise
-        return own(fences, job)
 
-    def _abandoned(self, job: str, sent: asyncio.Task[dict[str, int | Exception]]) -> None:
+    def _abandoned(self, sent: asyncio.Task[dict[str, int | Exception]]) -> None:
         if sent.cancelled() or sent.exception() is not None:
             return
-        fence = sent.result().get(job)
-        if isinstance(fence, int):
-            error = "StoreError: the claim came back after its deadline; the tick did not run"
-            self._spawn(self.release(job, fence, "cancelled", error, 0.0))
-
-    async def renew(self, job: str, fence: int) -> bool:
-        params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
-        result = await self._run(lambda conn: conn.execute(self._statements["renew"], params))
-        return result.rowcount == 1
-
-    async def release(
-        self, job: str, fence: int, outcome: Outcome, error: str | None, duration: float
-    ) -> None:
-        sent = self._join("release", job, (fence, outcome, error, duration))
-        own(await asyncio.shield(sent), job)
-
-    # -- batches ------------------------------------------------------------
-
-    def _join(self, kind: str, job: str, row: Any) -> asyncio.Task[Any]:
-        """Add ``row`` to the batch of ``kind`` being gathered; its sending task.
-
-        Jobs on one grid come due at one instant, and trivial ones end at one
-        instant: their claims, and their releases, share one multi-row statement.
-        The first row starts the batch, which waits a couple of milliseconds for
-        the others to join, then sends them all.
-        """
-        batch = self._batches.get(kind)
-        if batch is None:
-            batch = self._batches[kind] = Batch()
-            batch.sent = self._spawn(self._send(kind, batch))
-        batch.rows.append((job, row))
-        assert batch.sent is not None
-        return batch.sent
-
-    async def _send(self, kind: str, batch: Batch) -> Any:
-        try:
-            await asyncio.sleep(GATHER)  # the others due now join the batch
-        finally:
-            if self._batches.get(kind) is batch:
-                del self._batches[kind]
-        # Rows in one order for every instance: two batches never wait on
-        # each other's row locks in opposite orders (no deadlock).
-        rows = sorted(batch.rows, key=lambda row: row[0])
-        chunks = [rows[start : start + MAX_ROWS] for start in range(0, len(rows), MAX_ROWS)]
-        if kind == "claim":
-            return await self._in_connection(partial(self._claim_all, chunks))
-        return await self._in_connection(partial(self._release_all, chunks))
+        error = "StoreError: the claim came back after its deadline; the tick did not run"
+        ended = [
+            Ended(job, fence, "cancelled", error, 0.0)
+            for job, fence in sent.result().items()
+            if isinstance(fence, int)
+        ]
+        if ended:
+            self._spawn(self.release(ended))
 
     async def _claim_all(
         self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
@@ -290,6 +261,20 @@ class SQLAlchemyStore:
         for chunk in chunks:
             await each_row_alone_on_error(claim_rows, chunk, fences)
         return fences
+
+    async def renew(self, job: str, fence: int) -> bool:
+        params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
+        result = await self._run(lambda conn: conn.execute(self._statements["renew"], params))
+        return result.rowcount == 1
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        """Release these claims in as few statements as can be; see
+        :meth:`fastapi_jobs.Store.release`."""
+        if not ended:
+            return {}
+        rows = [(e.job, (e.fence, e.outcome, e.error, e.duration)) for e in ended]
+        failed = await self._run(partial(self._release_all, _chunks(rows)))
+        return {job: error for job, error in failed.items() if isinstance(error, Exception)}
 
     async def _release_all(
         self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection

@@ -8,7 +8,7 @@ from multiprocessing.synchronize import Barrier
 import anyio
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import Instance
+from fastapi_jobs import Ended, Instance
 from fastapi_jobs.stores import SQLAlchemyStore
 
 
@@ -24,10 +24,11 @@ async def _race(url: str, rounds: int, barrier: Barrier, out: str) -> None:
     await store.last_tick("race")  # all 8 create the tables at once: a race of its own
     for tick in range(1, rounds + 1):
         await anyio.to_thread.run_sync(barrier.wait, 60)
-        fence = await store.claim("race", float(tick))
+        fence = (await store.claim([("race", float(tick))])).get("race")
+        assert not isinstance(fence, Exception), fence
         if fence is not None:
             won.append((tick, fence))
-            await store.release("race", fence, "ok", None, 0.0)
+            await store.release([Ended("race", fence, "ok", None, 0.0)])
         # Nobody starts the next round before the winner has released.
         await anyio.to_thread.run_sync(barrier.wait, 60)
     await store.close()

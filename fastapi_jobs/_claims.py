@@ -1,0 +1,121 @@
+"""The scheduler's side of the store: claims per instant, releases in batches.
+
+The dispatcher claims every job due at one instant in one call under one
+deadline, so a job that loses its claim costs a dictionary lookup, not a scope,
+a deadline and a round trip of its own. Runs that end together have their
+releases gathered for a couple of milliseconds and sent in one call from one
+task. A release that fails is kept and sent again before the next claim: until
+the database has it, this instance's own lease keeps the job from being
+claimed (or it frees itself when the lease runs out).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import anyio
+
+from ._errors import short
+from ._store import Ended, Store
+
+__all__ = ["Claims"]
+
+# Runs that end "together" end a few microseconds apart (each is its own task):
+# the first release waits this long for the others to join its statement.
+GATHER = 0.002
+# A warning names this many jobs, then counts the rest.
+_NAMED = 5
+
+
+def _names(jobs: Sequence[str]) -> str:
+    named = ", ".join(repr(short(job, 40)) for job in jobs[:_NAMED])
+    return named if len(jobs) <= _NAMED else f"{named} and {len(jobs) - _NAMED} more"
+
+
+class Claims:
+    """Claims the ticks of this instance's jobs; gathers and sends their releases."""
+
+    def __init__(self, store: Store, logger: logging.Logger) -> None:
+        self.store = store
+        self.logger = logger
+        self._ended: list[Ended] = []  # gathered, not yet sent
+        self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
+        self._wanted: anyio.Event | None = None  # set when a release is gathered
+
+    async def claim(self, wanted: list[tuple[str, float]]) -> Mapping[str, int | Exception] | None:
+        """Claim ``(job, tick)`` pairs in one call: the fences by job (a job not
+        there is held elsewhere), or None when the store could not be reached
+        (fail closed: those ticks are skipped, and logged here)."""
+        store = self.store
+        try:
+            with anyio.fail_after(store.timeout):
+                if self._unreleased:
+                    await self._send_unreleased()
+                return await store.claim(wanted)
+        except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
+            self.logger.warning(
+                "store unreachable, tick skipped for %d job(s) (%s): %r",
+                len(wanted),
+                _names([job for job, _ in wanted]),
+                exc,
+            )
+            return None
+
+    def release_soon(self, ended: Ended) -> None:
+        """Queue the release of one claim; :meth:`run` sends it within ``GATHER``."""
+        self._unreleased.pop(ended.job, None)  # an older claim's: superseded
+        self._ended.append(ended)
+        wanted = self._wanted
+        if wanted is not None:
+            wanted.set()
+
+    async def run(self) -> None:
+        """The releases' task: sends what :meth:`release_soon` gathers, until cancelled."""
+        try:
+            while True:
+                self._wanted = wanted = anyio.Event()
+                if not self._ended:
+                    await wanted.wait()
+                await anyio.sleep(GATHER)  # the others ending now join the batch
+                await self.flush()
+        finally:
+            self._wanted = None
+
+    async def flush(self) -> None:
+        """Send the releases gathered so far (and those that failed before)."""
+        ended, self._ended = self._ended, []
+        retried = list(self._unreleased.values())
+        if not ended and not retried:
+            return
+        self._unreleased = {}
+        try:
+            with anyio.fail_after(self.store.timeout):
+                refused = await self.store.release(retried + ended)
+        except Exception as exc:  # noqa: BLE001 - retried; else the leases run out
+            for row in (*retried, *ended):
+                self._unreleased.setdefault(row.job, row)
+            self.logger.warning(
+                "could not release the claims of %s (%r); retried before the next claim, "
+                "or each frees when its lease ends",
+                _names([row.job for row in (*retried, *ended)]),
+                exc,
+            )
+            return
+        if refused:
+            # The database refuses these rows (a value it cannot store): sending
+            # them again would fail again. Their leases free the jobs.
+            self.logger.warning(
+                "the database refused the release of %s (%r); each frees when its lease ends",
+                _names(list(refused)),
+                next(iter(refused.values())),
+            )
+
+    async def _send_unreleased(self) -> None:
+        retried, self._unreleased = list(self._unreleased.values()), {}
+        try:
+            await self.store.release(retried)
+        except BaseException:
+            for row in retried:
+                self._unreleased.setdefault(row.job, row)
+            raise

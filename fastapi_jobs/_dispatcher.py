@@ -1,0 +1,208 @@
+"""The dispatcher: one timer per instant for every job of a scheduler.
+
+Jobs on one grid come due at the same instants (every job at 1 s ticks at each
+whole second), so a tick's cost is paid per instant, not per job: jobs wait in
+buckets keyed by their next due instant, a heap holds the distinct instants,
+and one task sleeps until the earliest. When it comes, the dispatcher moves
+each job of the bucket to its next tick (an integer step on the epoch grid),
+counts the ticks of jobs still running as dropped (``overlap``), claims the
+ticks of claimed jobs in one call (``_claims``) and wakes the jobs that are to
+run in slices of ``SLICE``, giving the event loop a turn between slices, so that
+a request never waits behind a whole burst of jobs.
+
+Each job keeps a task of its own between runs (``JobRunner.serve``), parked on
+a future that the dispatcher resolves: a run, its exception, its slowness and
+its cancel scopes stay the job's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+from collections.abc import Callable, Coroutine, Iterator
+from functools import partial
+from itertools import islice
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from ._claims import Claims
+from ._clock import Clock
+from ._runner import JobRunner
+
+__all__ = ["SLICE", "Dispatcher"]
+
+# Jobs woken between two turns of the event loop. One slice of trivial jobs
+# takes ~0.2 ms, so a request waits behind a slice, never behind a burst.
+SLICE = 50
+# Timers may fire a hair before the wall clock reaches the instant (the loop
+# sleeps on the monotonic clock); closer than this counts as on time.
+_EARLY = 0.001
+
+
+def _checkpoint() -> Callable[[], Coroutine[Any, Any, None]]:
+    """A turn of the event loop: ``asyncio.sleep(0)`` on asyncio (anyio's
+    checkpoint finds the running library on every call)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.lowlevel.checkpoint
+    return partial(asyncio.sleep, 0)
+
+
+class Dispatcher:
+    """Wakes the jobs of each instant; claims the claimed ones' ticks first."""
+
+    def __init__(self, clock: Clock, claims: Claims | None, logger: logging.Logger) -> None:
+        self._clock = clock
+        self._claims = claims
+        self._logger = logger
+        self._buckets: dict[float, list[JobRunner]] = {}
+        self._instants: list[float] = []  # a heap of the buckets' keys
+        self._target = math.inf  # the instant the timer sleeps for
+        self._sleep: anyio.CancelScope | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def add(self, runner: JobRunner, tick: float) -> None:
+        """Run ``runner`` at ``tick`` (and from there on its schedule)."""
+        runner.place(tick)
+        bucket = self._buckets.get(tick)
+        if bucket is None:
+            self._buckets[tick] = [runner]
+            heapq.heappush(self._instants, tick)
+            if tick < self._target and self._sleep is not None:
+                self._sleep.cancel()  # the timer sleeps for a later instant
+        else:
+            bucket.append(runner)
+        runner.stats.next_run_at = tick
+
+    async def run(self) -> None:
+        """The timer's task: dispatches each instant as it comes, until cancelled."""
+        clock, instants, buckets = self._clock, self._instants, self._buckets
+        checkpoint = _checkpoint()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                while True:
+                    target = self._target = instants[0] if instants else math.inf
+                    if clock.now() < target - _EARLY:
+                        with anyio.CancelScope() as self._sleep:
+                            if target == math.inf:
+                                await anyio.sleep_forever()
+                            await clock.sleep_until(target)
+                        self._sleep = None
+                        continue  # woken early (the wall clock was stepped back) or kicked
+                    heapq.heappop(instants)
+                    await self._dispatch(target, buckets.pop(target), checkpoint)
+            finally:
+                self._tg, self._sleep, self._target = None, None, math.inf
+
+    async def _dispatch(
+        self,
+        instant: float,
+        bucket: list[JobRunner],
+        checkpoint: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        # The hot path of the library: one pass per job per tick. Plain
+        # attribute reads; no await, scope or allocation per job but the list
+        # entries.
+        now = self._clock.now()
+        buckets, instants = self._buckets, self._instants
+        to_wake: list[JobRunner] = []
+        to_claim: list[JobRunner] = []
+        last_key, last_bucket = math.nan, bucket
+        for runner in bucket:
+            if runner.stopping:
+                continue  # not placed again: its loop is ending
+            nxt = runner.advance(instant)
+            tick = instant
+            if nxt <= now:
+                # Woke late (blocked loop, machine asleep): only the latest
+                # due tick runs; the others are counted as missed.
+                tick, nxt = runner.skip_missed(instant, now)
+            if nxt != last_key:
+                last_key = nxt
+                found = buckets.get(nxt)
+                if found is None:
+                    found = buckets[nxt] = []
+                    heapq.heappush(instants, nxt)
+                last_bucket = found
+            last_bucket.append(runner)
+            stats = runner.stats
+            stats.next_run_at = nxt
+            if runner.busy:
+                stats.skip("overlap")  # dropped, not queued
+                continue
+            runner.due = tick
+            runner.in_flight = True
+            if runner.leases is None:
+                to_wake.append(runner)
+            else:
+                to_claim.append(runner)
+        if to_claim:
+            assert self._tg is not None
+            self._tg.start_soon(self._claim_then_wake, to_claim, checkpoint)
+        if to_wake:
+            pending = iter(to_wake)
+            try:
+                await _wake(pending, checkpoint)
+            finally:
+                for runner in pending:  # cancelled between two slices (the scheduler stops)
+                    runner.settle()
+
+    async def _claim_then_wake(
+        self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """Claim the ticks of ``runners`` in one call; wake the winners."""
+        assert self._claims is not None
+        pending = iter(runners)  # not yet woken nor settled
+        try:
+            claimed_at = anyio.current_time()  # the leases count from the claim's sending
+            fences = await self._claims.claim([(r.job.name, r.due) for r in runners])
+            won: list[JobRunner] = []
+            for runner in pending:
+                fence = None if fences is None else fences.get(runner.job.name)
+                if isinstance(fence, int):
+                    runner.fence, runner.claimed_at = fence, claimed_at
+                    won.append(runner)
+                    continue
+                runner.settle()
+                if fences is None:
+                    runner.stats.skip("store_unavailable")  # logged by claim()
+                elif fence is None:
+                    runner.stats.skip("claimed_elsewhere")
+                else:
+                    runner.stats.skip("store_unavailable")
+                    runner.logger.warning(
+                        "job %r: the store refused its claim, tick skipped: %r",
+                        runner.job.name,
+                        fence,
+                        extra={"job": runner.job.name},
+                    )
+            pending = iter(won)
+            await _wake(pending, checkpoint)
+        finally:
+            # Cancelled (the scheduler stops): the runners not woken are free
+            # again, and the claims made for them are released.
+            for runner in pending:
+                runner.settle()
+
+
+async def _wake(
+    runners: Iterator[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    """Wake ``runners`` in slices, with a turn of the event loop between two. A
+    runner is taken from the iterator only as it is woken: cancelled between two
+    slices, the iterator holds exactly those not woken."""
+    while True:
+        woken = 0
+        for runner in islice(runners, SLICE):
+            runner.wake()
+            woken += 1
+        if woken < SLICE:
+            return
+        await checkpoint()
