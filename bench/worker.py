@@ -58,7 +58,32 @@ class Recorder:
 Stop = Callable[[], Awaitable[None]]
 
 
+async def start_minimal(rec: Recorder, n: int, interval: float, offset: float) -> Stop:
+    """The physical limit of asyncio for N independent periodic coroutines: each
+    sleeps to its next tick by adding the interval, then awaits its body."""
+    loop = asyncio.get_running_loop()
+
+    async def loop_job(body: Callable[[], Awaitable[None]]) -> None:
+        now = time.time()
+        nxt = loop.time() + (math.floor((now - offset) / interval) + 1) * interval + offset - now
+        while True:
+            await asyncio.sleep(nxt - loop.time())
+            nxt += interval
+            await body()
+
+    tasks = [asyncio.create_task(loop_job(rec.body(i))) for i in range(n)]
+
+    async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    return stop
+
+
 async def start_floor(rec: Recorder, n: int, interval: float, offset: float) -> Stop:
+    """The grid floor: a loop per job that computes its next tick on the epoch grid."""
+
     async def loop(body: Callable[[], Awaitable[None]]) -> None:
         while True:
             now = time.time()
@@ -129,6 +154,7 @@ async def start_repeat_every(rec: Recorder, n: int, interval: float, offset: flo
 
 
 IMPLS: dict[str, Callable[[Recorder, int, float, float], Awaitable[Stop]]] = {
+    "minimal": start_minimal,
     "floor": start_floor,
     "fastapi_jobs": start_fastapi_jobs,
     "apscheduler": start_apscheduler,
@@ -246,12 +272,20 @@ def main() -> None:
     parser.add_argument("n", type=int)
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args()
     import_impl(args.impl)
     if args.workload == "ticks":
-        result = asyncio.run(ticks(args.impl, args.n, args.window, args.warmup))
+        main = ticks(args.impl, args.n, args.window, args.warmup)
     else:
-        result = asyncio.run(idle(args.impl, args.n, args.window))
+        main = idle(args.impl, args.n, args.window)
+    if args.loop == "uvloop":
+        import uvloop
+
+        result = uvloop.run(main)
+    else:
+        result = asyncio.run(main)
+    result["loop"] = args.loop
     print(json.dumps(result))
 
 

@@ -65,6 +65,9 @@ def check_name(name: object) -> str:
     ``VARCHAR(200)`` of the claims table on PostgreSQL, which refuses NUL
     characters and text that is not valid UTF-8.
     """
+    if isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable():
+        if name == name.strip() and "/" not in name:
+            return name  # the common case, checked in C: thousands of jobs start fast
     rule = (
         f"use 1 to {MAX_NAME} printable characters, no '/', no control "
         "characters and no spaces at either end"
@@ -77,7 +80,5 @@ def check_name(name: object) -> str:
     # Printable as Python means it: no control or format characters (NUL,
     # newlines, escapes that forge log lines, zero-width marks), and no lone
     # surrogates, which no UTF-8 database can store.
-    odd = next((char for char in name if not char.isprintable()), None)
-    if odd is not None:
-        raise ConfigurationError(f"job name {shown} is not usable: it holds {odd!r}; {rule}")
-    return name
+    odd = next(char for char in name if not char.isprintable())
+    raise ConfigurationError(f"job name {shown} is not usable: it holds {odd!r}; {rule}")

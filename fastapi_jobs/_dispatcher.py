@@ -42,6 +42,7 @@ SLICE = 50
 # Timers may fire a hair before the wall clock reaches the instant (the loop
 # sleeps on the monotonic clock); closer than this counts as on time.
 _EARLY = 0.001
+_US = 1_000_000
 
 
 def _checkpoint() -> Callable[[], Coroutine[Any, Any, None]]:
@@ -117,8 +118,13 @@ class Dispatcher:
         last_key, last_bucket = math.nan, bucket
         for runner in bucket:
             if runner.stopping:
-                continue  # not placed again: its loop is ending
-            nxt = runner.advance(instant)
+                continue  # not placed again: its task is ending
+            period = runner.period_us
+            if period:  # an interval: one integer step on its grid (runner.advance, inlined)
+                runner.grid_us = grid = runner.grid_us + period
+                nxt = grid / _US
+            else:
+                nxt = runner.advance(instant)
             tick = instant
             if nxt <= now:
                 # Woke late (blocked loop, machine asleep): only the latest
@@ -134,7 +140,8 @@ class Dispatcher:
             last_bucket.append(runner)
             stats = runner.stats
             stats.next_run_at = nxt
-            if runner.busy:
+            # runner.busy, with its cheap parts first.
+            if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
                 stats.skip("overlap")  # dropped, not queued
                 continue
             runner.due = tick

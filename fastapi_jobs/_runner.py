@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["JobRunner", "Ran", "RunResult"]
 
 _US = 1_000_000
+_new = tuple.__new__
 _NOT_STARTED = "the scheduler stopped before the run started"
 
 
@@ -41,6 +42,12 @@ class Dispatching(Protocol):
     """What a job's task needs of the dispatcher (``_dispatcher.Dispatcher``)."""
 
     def add(self, runner: JobRunner, tick: float) -> None: ...
+
+
+class Spawning(Protocol):
+    """What a runner needs of the owner of the jobs' tasks (``_tasks.JobTasks``)."""
+
+    def spawn(self, runner: JobRunner) -> None: ...
 
 
 _DEBUG = logging.DEBUG
@@ -108,21 +115,23 @@ class JobRunner:
         "_claims",
         "_clock",
         "_gate",
-        "_grid_us",
         "_logger",
         "_parent_logger",
-        "_period_us",
+        "_serving",
         "_task",
-        "_thread_done",
+        "_tasks",
         "claimed_at",
         "due",
         "fence",
+        "grid_us",
         "in_flight",
         "job",
         "leases",
+        "period_us",
         "stats",
         "stopping",
         "store",
+        "thread_done",
         "woken",
     )
 
@@ -143,15 +152,17 @@ class JobRunner:
         self._parent_logger = logger
         self._logger: logging.Logger | None = None
         self._claims: Claims | None = None
+        self._tasks: Spawning | None = None
+        self._serving = False  # its task is made (and has not ended)
         self._cancel: Callable[[], object] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._gate: Any = None  # what the parked task waits on: a Future (asyncio), an Event
-        self._thread_done: threading.Event | None = None  # set when the sync job's thread returns
+        self.thread_done: threading.Event | None = None  # set when the sync job's thread returns
         schedule = job.schedule
         # Interval jobs step on their grid by integer microseconds; others (and
         # subclasses, which may move their ticks) ask the schedule.
-        self._period_us = schedule.period_us if type(schedule) is Every else 0
-        self._grid_us = 0
+        self.period_us = schedule.period_us if type(schedule) is Every else 0
+        self.grid_us = 0
         # Set by the dispatcher:
         self.stopping = False
         self.in_flight = False
@@ -172,22 +183,22 @@ class JobRunner:
 
     # -- on the dispatcher's side ---------------------------------------------
 
-    def arm(self, claims: Claims | None) -> None:
+    def arm(self, claims: Claims | None, tasks: Spawning) -> None:
         """Make ready to serve (a scheduler can be started more than once)."""
-        self._claims = claims
-        self.stopping = self.in_flight = self.woken = False
+        self._claims, self._tasks = claims, tasks
+        self.stopping = self.in_flight = self.woken = self._serving = False
         self.fence = None
 
     def place(self, tick: float) -> None:
         """The job is due at ``tick``: :meth:`advance` steps on from there."""
-        if self._period_us:
-            self._grid_us = round(self.job.schedule.next_after(tick) * _US) - self._period_us
+        if self.period_us:
+            self.grid_us = round(self.job.schedule.next_after(tick) * _US) - self.period_us
 
     def advance(self, tick: float) -> float:
         """The job's next tick after ``tick``, the instant it was due at."""
-        period = self._period_us
+        period = self.period_us
         if period:
-            self._grid_us = grid = self._grid_us + period
+            self.grid_us = grid = self.grid_us + period
             return grid / _US
         return self.job.schedule.next_after(tick)
 
@@ -213,29 +224,35 @@ class JobRunner:
                 gate.set_result(None)
             else:
                 gate.set()
+        elif not self._serving:
+            # First due: the job gets its task now (it sees `woken` and runs).
+            self._serving = True
+            assert self._tasks is not None
+            self._tasks.spawn(self)
 
-    def settle(self) -> None:
+    def settle(self, *, cancel: bool = True) -> None:
         """The tick taken for this job will not run here: free the job again
-        (and release the claim made for it, if any)."""
+        (and release the claim made for it, if any); if stopping, end its task
+        (unless ``cancel`` is false: the task itself is ending)."""
         self.in_flight = self.woken = False
         fence = self.fence
         if fence is not None:
             self.fence = None
             assert self._claims is not None
             self._claims.release_soon(Ended(self.job.name, fence, "cancelled", _NOT_STARTED, 0.0))
-        if self.stopping and self._cancel is not None:
+        if cancel and self.stopping and self._cancel is not None:
             self._cancel()
 
     @property
     def busy(self) -> bool:
         """A run is taken or going, or the thread of an earlier one has not returned."""
-        done = self._thread_done
+        done = self.thread_done
         return self.in_flight or self.stats.running or (done is not None and not done.is_set())
 
     @property
     def thread_running(self) -> bool:
         """A thread of this job runs on after its run was cut or abandoned."""
-        done = self._thread_done
+        done = self.thread_done
         return not self.stats.running and done is not None and not done.is_set()
 
     # -- the job's task -----------------------------------------------------
@@ -243,6 +260,11 @@ class JobRunner:
     def bind(self, cancel: Callable[[], object], task: asyncio.Task[Any] | None) -> None:
         """Give the runner how to cancel the task (or scope) that serves it."""
         self._cancel, self._task = cancel, task
+
+    @property
+    def task(self) -> asyncio.Task[Any] | None:
+        """The asyncio task that serves the job, while it does."""
+        return self._task
 
     async def serve(self, state: Mapping[str, Any], dispatcher: Dispatching) -> None:
         """The job's task: park until woken, run, and again, until :meth:`stop`."""
@@ -266,7 +288,7 @@ class JobRunner:
                         await event.wait()
                 self.woken = False
                 if self.stopping:
-                    self.settle()  # woken just before the stop: no new run
+                    self.settle(cancel=False)  # woken just before the stop: no new run
                     break
                 fence = self.fence
                 try:
@@ -283,6 +305,7 @@ class JobRunner:
             # Our own stop() or cut(): the task ends quietly.
         finally:
             self._cancel = self._task = self._gate = None
+            self._serving = False
             self.stats.next_run_at = None
 
     def first_tick(self, now: float) -> float:
@@ -402,27 +425,26 @@ class JobRunner:
         """Run the job once, guarded: whatever the job raises is logged and
         recorded, never raised; a cancellation from outside the job (shutdown,
         timeout, lost lease, the caller) is recorded and re-raised."""
-        job, stats = self.job, self.stats
+        job, stats, clock = self.job, self.stats, self._clock
         if started is None:
-            started = self._clock.now()
+            started = clock.now()
         stats.running = True
         stats.runs += 1
         stats.last_started_at = started
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
         try:
-            args: tuple[JobContext, ...] = ()
-            if job.takes_context:
-                args = (self._context(tick, state, manual, fence),)
             if not job.is_async:
-                error = await self._call_sync(args)
-            elif job.timeout is None:
-                await job.func(*args)
-            else:
+                error = await self._call_sync(self._args(tick, state, manual, fence))
+            elif job.timeout is not None:
                 with anyio.move_on_after(job.timeout) as scope:
-                    await job.func(*args)
+                    await job.func(*self._args(tick, state, manual, fence))
                 if scope.cancel_called:
                     error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
+            elif job.takes_context:
+                await job.func(self._context(tick, state, manual, fence))
+            else:
+                await job.func()
             outcome = "ok" if error is None else "timed_out"
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
@@ -433,9 +455,9 @@ class JobRunner:
             # in the job, not a request to stop the site. Its failure, like any.
             outcome, error = "failed", exc
         finally:
-            stats.last_finished_at = finished = self._clock.now()
+            stats.last_finished_at = finished = clock.now()
             # The wall clock may be stepped back mid-run (NTP): never below 0.
-            duration = max(0.0, finished - started)
+            duration = finished - started if finished > started else 0.0
             stats.running = False
             stats.last_duration = duration
             stats.last_outcome = outcome
@@ -445,7 +467,7 @@ class JobRunner:
                 self.logger.debug(
                     "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
                 )
-        return Ran(outcome, error, duration)
+        return _new(Ran, (outcome, error, duration))  # Ran(...) without its Python __new__
 
     async def _call_sync(self, args: tuple[JobContext, ...]) -> TimeoutError | None:
         """Run the sync job in a worker thread; a TimeoutError if it passed its timeout.
@@ -457,7 +479,7 @@ class JobRunner:
         is abandoned, and :attr:`busy` stays true until the thread returns.
         """
         job, done = self.job, threading.Event()
-        self._thread_done = done
+        self.thread_done = done
 
         def call() -> None:
             try:
@@ -490,6 +512,13 @@ class JobRunner:
         )
         await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
         return TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
+
+    def _args(
+        self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
+    ) -> tuple[JobContext, ...]:
+        if self.job.takes_context:
+            return (self._context(tick, state, manual, fence),)
+        return ()
 
     def _context(
         self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None

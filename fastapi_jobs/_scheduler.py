@@ -22,11 +22,11 @@ from ._heartbeat import Heartbeat
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
-from ._loops import run_loops
 from ._runner import JobRunner, RunResult
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus, utc
 from ._store import Instance, Store
+from ._tasks import JobTasks
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -263,11 +263,14 @@ class Scheduler:
             self._log_start(runners)
             claims = None if store is None else Claims(store, self.logger)
             dispatcher = Dispatcher(self._ticking_clock, claims, self.logger)
+            tasks = JobTasks(self._state, dispatcher, stopped)
             now = self._ticking_clock.now()
             for runner in runners:
-                runner.arm(claims)
-                if runner.job.catch_up is None:  # else its task asks the store first
+                runner.arm(claims, tasks)
+                if runner.job.catch_up is None:
                     dispatcher.add(runner, runner.first_tick(now))
+                else:
+                    tasks.spawn(runner)  # its task asks the store for missed ticks first
             async with anyio.create_task_group() as tg:
                 beating, keeping, releasing = (anyio.CancelScope() for _ in range(3))
                 dispatching = anyio.CancelScope()
@@ -277,7 +280,7 @@ class Scheduler:
                     tg.start_soon(_run_in, keeping, self._leases.run)
                 if claims is not None:
                     tg.start_soon(_run_in, releasing, claims.run)
-                tg.start_soon(run_loops, runners, self._state, dispatcher, stopped)
+                tg.start_soon(tasks.run)
                 tg.start_soon(_run_in, dispatching, dispatcher.run)
                 try:
                     yield
@@ -285,7 +288,7 @@ class Scheduler:
                     with anyio.CancelScope(shield=True):
                         beating.cancel()
                         dispatching.cancel()  # no more ticks
-                        await self._drain(runners, stopped)
+                        await self._drain(runners, tasks, stopped)
                         keeping.cancel()  # the runs in flight renewed their leases until now
                         if claims is not None:
                             releasing.cancel()
@@ -339,9 +342,10 @@ class Scheduler:
                 ", ".join(unclaimed),
             )
 
-    async def _drain(self, runners: list[JobRunner], stopped: anyio.Event) -> None:
+    async def _drain(self, runners: list[JobRunner], tasks: JobTasks, stopped: anyio.Event) -> None:
         for runner in runners:
             runner.stop()
+        tasks.stop()
         in_flight = [r.job.name for r in runners if r.in_flight]
         if in_flight:
             self.logger.info(
@@ -375,7 +379,7 @@ class Scheduler:
                 ", ".join(repr(r.job.name) for r in runners if r.in_flight),
                 _GRACE,
             )
-            stopped.set()  # the loops' owner stops waiting and returns
+            stopped.set()  # the tasks' owner stops waiting and returns
         threads = [r.job.name for r in runners if r.thread_running]
         if threads:
             self.logger.warning(
