@@ -124,12 +124,20 @@ class Dispatcher:
                 runner.grid_us = grid = runner.grid_us + period
                 nxt = grid / _US
             else:
-                nxt = runner.advance(instant)
+                try:
+                    nxt = runner.advance(instant)
+                except Exception as exc:  # noqa: BLE001 - a schedule of the user's
+                    runner.schedule_failed(exc)
+                    continue
             tick = instant
             if nxt <= now:
                 # Woke late (blocked loop, machine asleep): only the latest
                 # due tick runs; the others are counted as missed.
-                tick, nxt = runner.skip_missed(instant, now)
+                try:
+                    tick, nxt = runner.skip_missed(instant, now)
+                except Exception as exc:  # noqa: BLE001 - a schedule of the user's
+                    runner.schedule_failed(exc)
+                    continue
             if nxt != last_key:
                 last_key = nxt
                 found = buckets.get(nxt)

@@ -202,6 +202,17 @@ class JobRunner:
             return grid / _US
         return self.job.schedule.next_after(tick)
 
+    def schedule_failed(self, exc: Exception) -> None:
+        """The job's schedule raised: the job stops ticking (the others go on)."""
+        self.stats.next_run_at = None
+        self.logger.error(
+            "job %r: its schedule failed (%r); the job stops ticking until the app restarts",
+            self.job.name,
+            exc,
+            exc_info=exc,
+            extra={"job": self.job.name},
+        )
+
     def skip_missed(self, tick: float, now: float) -> tuple[float, float]:
         """Late at ``now`` for ``tick``: count the ticks missed; the latest due
         tick (to run) and the one after it."""
@@ -277,7 +288,8 @@ class JobRunner:
                 first = await self._missed_tick(now, self.job.catch_up)
                 if first is None:
                     first = self.first_tick(now)
-                dispatcher.add(self, first)
+                if first is not None:
+                    dispatcher.add(self, first)
             while not self.stopping:
                 if not self.woken:
                     if loop is not None:
@@ -308,14 +320,19 @@ class JobRunner:
             self._serving = False
             self.stats.next_run_at = None
 
-    def first_tick(self, now: float) -> float:
-        """The tick the job is first due at when the scheduler starts at ``now``."""
+    def first_tick(self, now: float) -> float | None:
+        """The tick the job is first due at when the scheduler starts at ``now``
+        (None if its schedule fails: logged, and the job does not tick)."""
         job = self.job
-        if job.run_on_startup:
-            # Claimed jobs run the current period's tick, so that instances
-            # starting together run it once between them.
-            return now if self.store is None else job.schedule.last_at_or_before(now)
-        return job.schedule.next_after(now)
+        try:
+            if job.run_on_startup:
+                # Claimed jobs run the current period's tick, so that instances
+                # starting together run it once between them.
+                return now if self.store is None else job.schedule.last_at_or_before(now)
+            return job.schedule.next_after(now)
+        except Exception as exc:  # noqa: BLE001 - a schedule of the user's
+            self.schedule_failed(exc)
+            return None
 
     async def _missed_tick(self, now: float, deadline: float) -> float | None:
         """After downtime, the latest missed tick if it is within ``deadline``."""

@@ -268,7 +268,9 @@ class Scheduler:
             for runner in runners:
                 runner.arm(claims, tasks)
                 if runner.job.catch_up is None:
-                    dispatcher.add(runner, runner.first_tick(now))
+                    first = runner.first_tick(now)
+                    if first is not None:
+                        dispatcher.add(runner, first)
                 else:
                     tasks.spawn(runner)  # its task asks the store for missed ticks first
             async with anyio.create_task_group() as tg:
