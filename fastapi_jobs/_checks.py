@@ -65,9 +65,15 @@ def check_name(name: object) -> str:
     ``VARCHAR(200)`` of the claims table on PostgreSQL, which refuses NUL
     characters and text that is not valid UTF-8.
     """
-    if isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable():
-        if name == name.strip() and "/" not in name:
-            return name  # the common case, checked in C: thousands of jobs start fast
+    # The common case first, checked in C: thousands of jobs register fast.
+    if (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME
+        and name.isprintable()
+        and name == name.strip()
+        and "/" not in name
+    ):
+        return name
     rule = (
         f"use 1 to {MAX_NAME} printable characters, no '/', no control "
         "characters and no spaces at either end"

@@ -356,9 +356,12 @@ async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart
     async with engine_for(url) as engine:
         scheduler = instance(engine, lease=0.6, timeout=0.15)
 
+        started = anyio.Event()
+
         @scheduler.every(seconds=0.5)
         async def job(ctx: JobContext) -> None:
             runs.append("start")
+            started.set()
             if len(runs) == 1:
                 await anyio.sleep(3)  # the lock comes while this one runs
             elif len(runs) >= 3:
@@ -366,8 +369,7 @@ async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart
             runs.append("end")
 
         async with scheduler.running({"db": engine}):
-            while not runs:
-                await anyio.sleep(0.05)
+            await started.wait()
             await hold_lock(url, engine, 1.2)  # longer than the lease
             lost = scheduler.job_status("job")
             await anyio.sleep(1.6)

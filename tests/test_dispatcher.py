@@ -4,6 +4,7 @@ an instant, schedules that fail, and jobs that get their task when first due."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from datetime import timedelta
 
@@ -54,7 +55,7 @@ async def test_a_burst_is_woken_in_slices_with_turns_of_the_loop_between() -> No
         await anyio.sleep(1)  # the second, with tasks parked between runs
     for seen in (first, turns):
         assert seen[-1] - seen[0] >= 500 - SLICE  # the probe saw the burst from its first slice
-        steps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+        steps = [b - a for a, b in itertools.pairwise(seen)]
         assert max(steps) <= SLICE
         assert len(steps) >= 500 // SLICE - 1
     assert len(runs) == 1000
