@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-IMPLS = ["floor", "fastapi_jobs", "apscheduler", "repeat_every"]
+IMPLS = ["minimal", "floor", "fastapi_jobs", "apscheduler", "repeat_every"]
+UVLOOP_IMPLS = ["minimal", "fastapi_jobs"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -67,6 +68,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument(
+        "--uvloop-impls", default=",".join(UVLOOP_IMPLS), help="also run these on uvloop"
+    )
     parser.add_argument("--claims", action="store_true", help="also the PostgreSQL claims run")
     parser.add_argument("--requests", action="store_true", help="also the request-latency run")
     parser.add_argument("--out", default=None, help="write the Markdown table here")
@@ -76,18 +80,22 @@ def main() -> None:
     window = 1 if args.quick else args.window
     idle_n = 20 if args.quick else 10_000
     impls = args.impls.split(",")
+    variants = [(impl, "asyncio") for impl in impls]
+    if not args.quick:
+        variants += [(impl, "uvloop") for impl in args.uvloop_impls.split(",") if impl]
 
     started = time.time()
-    ticks: dict[tuple[str, int], dict[str, Any]] = {}
+    ticks: dict[tuple[str, int, str], dict[str, Any]] = {}
     idle: dict[str, dict[str, Any]] = {}
     for n in sizes:
-        for impl in impls:
-            runs = [
-                run(["bench.worker", "ticks", impl, str(n), "--window", str(window)])
-                for _ in range(repeat)
-            ]
-            ticks[impl, n] = medians(runs)
-            print(json.dumps(ticks[impl, n]), flush=True)
+        rounds: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in variants}
+        for _ in range(repeat):  # rounds interleaved: drifts of the machine hit all alike
+            for impl, loop in variants:
+                command = ["bench.worker", "ticks", impl, str(n), "--window", str(window)]
+                rounds[impl, loop].append(run([*command, "--loop", loop]))
+        for (impl, loop), runs in rounds.items():
+            ticks[impl, n, loop] = medians(runs)
+            print(json.dumps(ticks[impl, n, loop]), flush=True)
     for impl in impls:
         runs = [
             run(["bench.worker", "idle", impl, str(idle_n), "--window", str(window)])
@@ -104,7 +112,9 @@ def main() -> None:
         from .requests import report as requests_report
 
         extra += [*requests_report(quick=args.quick), ""]
-    text = render(ticks, idle, sizes, impls, idle_n, repeat, window, extra, time.time() - started)
+    text = render(
+        ticks, idle, sizes, variants, impls, idle_n, repeat, window, extra, time.time() - started
+    )
     if args.out:
         Path(args.out).write_text(text)
     else:
@@ -112,9 +122,10 @@ def main() -> None:
 
 
 def render(
-    ticks: dict[tuple[str, int], dict[str, Any]],
+    ticks: dict[tuple[str, int, str], dict[str, Any]],
     idle: dict[str, dict[str, Any]],
     sizes: list[int],
+    variants: list[tuple[str, str]],
     impls: list[str],
     idle_n: int,
     repeat: int,
@@ -125,33 +136,36 @@ def render(
     lines = [
         "# Benchmarks",
         "",
-        f"Machine: {machine()}. Medians of {repeat} runs, each implementation in a fresh",
-        f"process; {window} s windows after 2 s of warm-up, with the garbage of starting up",
-        "collected (`gc.collect()`) just before each window, for every implementation alike:",
-        "the figures are the steady state of a scheduler that has run for a while. Single",
-        "machine, noisy: ratios to the floor (a hand-written asyncio loop per job on the same",
-        "grid) are the claims, not the absolute times.",
+        f"Machine: {machine()}. Medians of {repeat} runs, rounds interleaved, each",
+        f"implementation in a fresh process; {window} s windows after 2 s of warm-up, with the",
+        "garbage of starting up collected (`gc.collect()`) just before each window, for every",
+        "implementation alike: the figures are the steady state of a scheduler that has run for",
+        "a while. Single machine, noisy: ratios to the floor are the claims, not the absolute",
+        "times. The floor is `minimal`, a hand-written asyncio loop per job that sleeps to its",
+        "next tick by adding the interval (the physical limit of asyncio for N independent",
+        "periodic coroutines); `floor` is the same loop computing its tick on the epoch grid.",
         "",
         "Reproduce: `.venv/bin/pip install -e '.[bench]' && .venv/bin/python -m bench "
         "--claims --requests --out BENCHMARKS.md`",
         "",
         "## N interval jobs at 1 s, trivial async body",
         "",
-        "| impl | N | CPU µs/tick | × floor | late p50 ms | late p99 ms | late max ms "
-        "| p99 × floor | ticks run / expected | KiB/job | register+start ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| impl | loop | N | CPU µs/tick | × minimal | late p50 ms | late p99 ms | late max ms "
+        "| p99 × minimal | ticks run / expected | KiB/job | register+start ms | stop ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        floor = ticks.get(("floor", n))
-        for impl in impls:
-            r = ticks[impl, n]
+        for impl, loop in variants:
+            r = ticks[impl, n, loop]
+            floor = ticks.get(("minimal", n, loop))
             cpu_ratio = r["cpu_us_per_tick"] / floor["cpu_us_per_tick"] if floor else float("nan")
             p99_ratio = r["late_p99_ms"] / floor["late_p99_ms"] if floor else float("nan")
             lines.append(
-                f"| {impl} | {n:,} | {fmt(r['cpu_us_per_tick'])} | {fmt(cpu_ratio, 2)} "
+                f"| {impl} | {loop} | {n:,} | {fmt(r['cpu_us_per_tick'])} | {fmt(cpu_ratio, 2)} "
                 f"| {fmt(r['late_p50_ms'])} | {fmt(r['late_p99_ms'])} | {fmt(r['late_max_ms'])} "
                 f"| {fmt(p99_ratio, 2)} | {r['ticks_run']:,} / {r['ticks_expected']:,} "
-                f"| {fmt(r['mem_kib_per_job'], 2)} | {fmt(r['start_ms'])} |"
+                f"| {fmt(r['mem_kib_per_job'], 2)} | {fmt(r['start_ms'])} "
+                f"| {fmt(r['stop_busy_ms'])} |"
             )
     lines += [
         "",

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import gc
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -83,11 +86,24 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
 
         scheduler.add_job(job, Every(seconds=1), name=f"job{i}")
     async with scheduler.running({} if engine is None else {"db": engine}):
+        # Steady state, as in the ticks benchmark: the garbage of starting up is
+        # collected before the window, for both clusters alike.
+        await asyncio.sleep(opens - time.time() - 0.3)
+        gc.collect()
+        collections = sum(stat["collections"] for stat in gc.get_stats())
         await asyncio.sleep(opens - time.time())
         on = True
+        profile = os.environ.get("BENCH_PROFILE")  # a file to write the window's profile to
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
         cpu0 = time.process_time()
         await asyncio.sleep(opens + window - time.time())
         cpu1 = time.process_time()
+        collections = sum(stat["collections"] for stat in gc.get_stats()) - collections
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{os.getpid()}")
         on = False
     if engine is not None:
         await engine.dispose()
@@ -99,6 +115,7 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
         "statements": dict(statements),
         "cpu_s": cpu1 - cpu0,
         "lost": skipped,
+        "gc_collections": collections,
     }
 
 

@@ -373,7 +373,7 @@ class JobRunner:
         leases, claims, name = self.leases, self._claims, self.job.name
         assert leases is not None and claims is not None
         started = self._clock.now()
-        ended = Ended(name, fence, "cancelled", None, 0.0)  # unless the run returns
+        ran: Ran | None = None  # None: cancelled
         task = self._task
         # A lost lease cancels the job's task on asyncio (cheaper than a scope
         # per run), the run's own scope elsewhere.
@@ -383,11 +383,9 @@ class JobRunner:
         try:
             if scope is None:
                 ran = await self.run(self.due, state, fence=fence, started=started)
-                ended = self._ended(fence, ran)
             else:
                 with scope:  # absorbs the cancellation of a lost lease
                     ran = await self.run(self.due, state, fence=fence, started=started)
-                    ended = self._ended(fence, ran)
         except BaseException as exc:
             if lease.lost is None or self.stopping or not _is_cancellation(exc):
                 raise
@@ -400,13 +398,14 @@ class JobRunner:
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
-                if ended.outcome == "cancelled":
-                    ended = ended._replace(duration=max(0.0, self._clock.now() - started))
-                claims.release_soon(ended)
-
-    def _ended(self, fence: int, ran: Ran) -> Ended:
-        error = None if ran.error is None else str(ErrorInfo.of(ran.error))
-        return Ended(self.job.name, fence, ran.outcome, error, ran.duration)
+                ended: tuple[str, int, Outcome, str | None, float]
+                if ran is None:
+                    duration = max(0.0, self._clock.now() - started)
+                    ended = (name, fence, "cancelled", None, duration)
+                else:
+                    error = None if ran.error is None else str(ErrorInfo.of(ran.error))
+                    ended = (name, fence, ran.outcome, error, ran.duration)
+                claims.release_soon(_new(Ended, ended))
 
     def _record_lost(self, reason: str) -> None:
         stats, name = self.stats, self.job.name

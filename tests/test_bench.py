@@ -22,8 +22,8 @@ def test_bench_command_runs_on_a_tiny_n(tmp_path: Path, postgres: PostgresServer
         capture_output=True,
     )
     text = out.read_text()
-    for impl in ("floor", "fastapi_jobs", "apscheduler", "repeat_every"):
-        assert f"| {impl} | 20 |" in text
+    for impl in ("minimal", "floor", "fastapi_jobs", "apscheduler", "repeat_every"):
+        assert f"| {impl} | asyncio | 20 |" in text
     assert "| 20 / 20 |" in text  # every expected tick ran, for the floor at least
     [pairs] = [line for line in text.splitlines() if "most runs of one pair" in line]
     assert pairs.endswith(", 1 |")  # no (job, tick) ran twice across the 3 processes

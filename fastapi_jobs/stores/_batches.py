@@ -1,6 +1,6 @@
 """Batching: the rows of one kind (claims, releases) that the scheduler sends
-together share one statement, compiled once per size; a row the database
-refuses fails alone."""
+together share one statement, compiled once; a row the database refuses fails
+alone."""
 
 from __future__ import annotations
 
@@ -12,47 +12,41 @@ import sqlalchemy as sa
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["MAX_ROWS", "SizedStatements", "each_row_alone_on_error"]
+__all__ = ["MAX_ROWS", "Compiled", "each_row_alone_on_error"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
-# Parameters per row: 2 (claims) or 5 (releases); PostgreSQL and SQLite allow
-# 32,766 per statement.
+# Rows per statement: larger batches go in several statements (each holds its
+# rows' locks for the time its rows take).
 MAX_ROWS = 1000
-# Compiled statements kept, by kind and number of rows (the least recently used
-# goes): an app's batches come in a few sizes, which repeat every tick.
-_SIZES_KEPT = 32
 
 
-class SizedStatements:
-    """The multi-row statements of each kind, compiled once per number of rows.
+class Compiled:
+    """The batch statements of each kind, compiled once for the connection's
+    dialect and run as the driver's own SQL.
 
-    SQLAlchemy cannot cache a multi-row VALUES (it has no cache key): run as a
-    construct, such a statement was compiled anew each time, ~80 ms of CPU for
-    300 rows. Compiled once here, it runs as the driver's own SQL.
+    SQLAlchemy caches the compilation of a statement it runs, but a batch runs
+    thousands of times a day and the cache lookup is not free either; run as
+    driver SQL, a statement costs the driver's work and nothing more.
     """
 
-    def __init__(self, build: Callable[[str, int], Any]) -> None:
-        self._build = build  # (kind, rows) -> the statement
-        self._by_size: dict[tuple[str, int], tuple[str, tuple[str, ...] | None]] = {}
+    def __init__(self, build: Callable[[str], Any]) -> None:
+        self._build = build  # kind -> the statement
+        self._compiled: dict[str, tuple[str, tuple[str, ...] | None]] = {}
 
     async def execute(
-        self, conn: AsyncConnection, kind: str, rows: int, params: dict[str, object]
+        self, conn: AsyncConnection, kind: str, params: dict[str, object]
     ) -> CursorResult[Any]:
-        """Execute the ``rows``-row statement of ``kind`` with ``params``."""
-        key = (kind, rows)
-        compiled = self._by_size.pop(key) if key in self._by_size else None
-        sql, names = compiled or self._compile(kind, rows, conn.dialect)
-        self._by_size[key] = sql, names  # the most recently used last
-        if len(self._by_size) > _SIZES_KEPT:
-            del self._by_size[next(iter(self._by_size))]
+        """Execute the statement of ``kind`` with ``params``."""
+        compiled = self._compiled.get(kind)
+        if compiled is None:
+            compiled = self._compiled[kind] = self._compile(kind, conn.dialect)
+        sql, names = compiled
         args = params if names is None else tuple(params[name] for name in names)
         return await conn.exec_driver_sql(sql, args)
 
-    def _compile(
-        self, kind: str, rows: int, dialect: sa.Dialect
-    ) -> tuple[str, tuple[str, ...] | None]:
-        compiled = self._build(kind, rows).compile(dialect=dialect)
+    def _compile(self, kind: str, dialect: sa.Dialect) -> tuple[str, tuple[str, ...] | None]:
+        compiled = self._build(kind).compile(dialect=dialect)
         # Run as driver SQL, a statement gets only the parameters we pass.
         assert all(name.startswith("b_") for name in compiled.binds), compiled.binds
         names = compiled.positiontup

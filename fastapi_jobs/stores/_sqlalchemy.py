@@ -10,6 +10,7 @@ uses asyncio directly.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -27,7 +28,7 @@ from .._errors import ConfigurationError, LeaseLostError, StoreError
 from .._status import ClusterJobStatus, ClusterView, InstanceStatus, utc
 from .._store import Ended, Instance
 from . import _schema
-from ._batches import MAX_ROWS, SizedStatements, each_row_alone_on_error
+from ._batches import MAX_ROWS, Compiled, each_row_alone_on_error
 from ._schema import db_now
 
 __all__ = ["SQLAlchemyStore"]
@@ -42,6 +43,8 @@ T = TypeVar("T")
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
 _FUTURE_MARGIN = 1.0
+# A batch's rows go to the database as one JSON array (see _schema._rows).
+_json = json.JSONEncoder(allow_nan=False).encode
 # Creating the tables may wait for other workers doing the same at startup.
 _DDL_TIMEOUT = 30.0
 # A lease is what a killed holder costs its job; renewals keep long runs going,
@@ -134,8 +137,9 @@ class SQLAlchemyStore:
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
         self._ready = False
-        self._sized = SizedStatements(self._multi_row)
+        self._compiled = Compiled(self._batch_statement)
         self._insert: _schema.Insert = _schema.insert_for("postgresql")  # set at open()
+        self._dialect = "postgresql"  # set at open()
         self._ensure_lock = asyncio.Lock()
         self._statements: dict[str, Any] = {}
         self._in_flight: set[asyncio.Task[Any]] = set()
@@ -171,7 +175,8 @@ class SQLAlchemyStore:
         self._instance = instance
         self._ready = False
         self._insert = _schema.insert_for(dialect)
-        self._sized = SizedStatements(self._multi_row)
+        self._dialect = dialect
+        self._compiled = Compiled(self._batch_statement)
         self._statements = _schema.single_statements(self.claims, self.instances, self._insert)
         self._ensure_lock = asyncio.Lock()  # bound to this loop
         if self._create_tables:
@@ -251,10 +256,8 @@ class SQLAlchemyStore:
                 "b_early": _FUTURE_MARGIN,
                 "b_sent": time.time(),
             }
-            for k, (job, tick) in enumerate(rows):
-                params[f"b_job{k}"] = job
-                params[f"b_tick{k}"] = tick
-            result = await self._sized.execute(conn, "claim", len(rows), params)
+            params["b_rows"] = _json(rows)
+            result = await self._compiled.execute(conn, "claim", params)
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
 
@@ -282,14 +285,8 @@ class SQLAlchemyStore:
         failed: dict[str, int | Exception] = {}
 
         async def release_rows(rows: list[tuple[str, Any]]) -> None:
-            params: dict[str, object] = {}
-            for k, (job, (fence, outcome, error, duration)) in enumerate(rows):
-                params[f"b_job{k}"] = job
-                params[f"b_fence{k}"] = fence
-                params[f"b_outcome{k}"] = outcome
-                params[f"b_error{k}"] = error
-                params[f"b_duration{k}"] = duration
-            await self._sized.execute(conn, "release", len(rows), params)
+            params: dict[str, object] = {"b_rows": _json([(job, *ended) for job, ended in rows])}
+            await self._compiled.execute(conn, "release", params)
 
         for chunk in chunks:
             await each_row_alone_on_error(release_rows, chunk, failed)
@@ -444,10 +441,10 @@ class SQLAlchemyStore:
                 await self._ensure_tables(conn)
             self._ready = True
 
-    def _multi_row(self, kind: str, rows: int) -> Any:
+    def _batch_statement(self, kind: str) -> Any:
         if kind == "claim":
-            return _schema.claim_statement(self.claims, self._insert, rows)
-        return _schema.release_statement(self.claims, rows)
+            return _schema.claim_statement(self.claims, self._insert, self._dialect)
+        return _schema.release_statement(self.claims, self._dialect)
 
     async def _ensure_tables(self, conn: AsyncConnection) -> None:
         names = [self.claims.name, self.instances.name]
