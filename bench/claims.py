@@ -167,6 +167,14 @@ def report(quick: bool = False) -> list[str]:
     cpu_sched_plain = sum(r["cpu_s"] for r in without) / expected * 1e6
 
     median = statistics.median(latencies) if latencies else 0.0
+    # A process that won nothing spent its CPU on losing: an upper bound of a loss's
+    # cost (its heartbeat and idle loop included).
+    losers = [r for r in with_store if not r["runs"] and r["lost"]]
+    per_loss = (
+        f"{sum(r['cpu_s'] for r in losers) / sum(r['lost'] for r in losers) * 1e6:.1f} µs"
+        if losers
+        else "n/a (every process won some)"
+    )
     trips = sorted(x for r in with_store for x in r["round_trips_ms"])
 
     def pct(q: float, values: list[float] = latencies) -> float:
@@ -180,7 +188,7 @@ def report(quick: bool = False) -> list[str]:
         f"| (job, tick) pairs due in the window | {expected:,} |",
         f"| pairs run, and most runs of one pair | {len(per_tick):,}, "
         f"{max(per_tick.values(), default=0)} |",
-        f"| claim latency p50 / p99 (call to answer, in the job's loop) | {pct(0.5):.2f} / "
+        f"| claim latency p50 / p99 (the instant's claim call, to its answer) | {pct(0.5):.2f} / "
         f"{pct(0.99):.2f} ms |",
         f"| claim statement round trip p50 / p99 (sent to answered) | {pct(0.5, trips):.2f} / "
         f"{pct(0.99, trips):.2f} ms |",
@@ -197,6 +205,7 @@ def report(quick: bool = False) -> list[str]:
         f"{cpu_sched_plain:.1f} µs ({cpu_sched_store / cpu_sched_plain:.2f}×) |",
         f"| CPU per executed run, with store / without (every process runs every tick) "
         f"| {cpu_store:.1f} / {cpu_plain:.1f} µs |",
+        f"| CPU per lost claim, in the processes that won nothing (all their CPU) | {per_loss} |",
         "",
         "Without a store each of the 3 processes runs every tick: 3 runs per (job, tick).",
         "Claim latency is from the call to the answer, queueing included: all claims of a",

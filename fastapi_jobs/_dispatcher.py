@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import logging
 import math
 from collections.abc import Callable, Coroutine, Iterator
 from functools import partial
@@ -58,10 +57,9 @@ def _checkpoint() -> Callable[[], Coroutine[Any, Any, None]]:
 class Dispatcher:
     """Wakes the jobs of each instant; claims the claimed ones' ticks first."""
 
-    def __init__(self, clock: Clock, claims: Claims | None, logger: logging.Logger) -> None:
+    def __init__(self, clock: Clock, claims: Claims | None) -> None:
         self._clock = clock
         self._claims = claims
-        self._logger = logger
         self._buckets: dict[float, list[JobRunner]] = {}
         self._instants: list[float] = []  # a heap of the buckets' keys
         self._target = math.inf  # the instant the timer sleeps for

@@ -262,7 +262,7 @@ class Scheduler:
                 await self._heartbeat.beat()  # learn the database's time before ticking
             self._log_start(runners)
             claims = None if store is None else Claims(store, self.logger)
-            dispatcher = Dispatcher(self._ticking_clock, claims, self.logger)
+            dispatcher = Dispatcher(self._ticking_clock, claims)
             tasks = JobTasks(self._state, dispatcher, stopped)
             now = self._ticking_clock.now()
             for runner in runners:
@@ -382,6 +382,8 @@ class Scheduler:
                 _GRACE,
             )
             stopped.set()  # the tasks' owner stops waiting and returns
+        for runner in runners:
+            runner.stats.next_run_at = None  # also for jobs that never came due
         threads = [r.job.name for r in runners if r.thread_running]
         if threads:
             self.logger.warning(

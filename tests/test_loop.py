@@ -286,20 +286,27 @@ async def test_many_jobs_each_keep_their_own_schedule() -> None:
 
 
 async def test_status_next_run_at_follows_the_loop() -> None:
-    """next_run_at is the tick the loop waits for; null when stopped."""
+    """next_run_at is the tick the job waits for; null when stopped, also for a
+    job that never came due while the scheduler ran."""
     scheduler = virtual_scheduler()
 
     @scheduler.every(hours=1)
     async def hourly() -> None:
         pass
 
+    @scheduler.every(days=1)
+    async def daily() -> None:
+        pass
+
     assert scheduler.job_status("hourly").next_run_at is None
     async with scheduler.running():
         await anyio.sleep(10)
         assert scheduler.job_status("hourly").next_run_at == at(1)
+        assert scheduler.job_status("daily").next_run_at == at(24)
         await anyio.sleep(HOUR)
         assert scheduler.job_status("hourly").next_run_at == at(2)
     assert scheduler.job_status("hourly").next_run_at is None
+    assert scheduler.job_status("daily").next_run_at is None
 
 
 async def test_loop_clock_reads_virtual_wall_time() -> None:

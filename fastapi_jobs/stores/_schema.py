@@ -7,8 +7,8 @@
 Every time comparison uses the database's clock (``db_now()``); the app's clock
 only computes ticks, which are the same in every process. Times are stored as
 POSIX seconds (double precision) so that both databases compare them alike.
-Statements name every bind ``b_...``: multi-row ones run as driver SQL
-(see ``_batches.SizedStatements``), which gets only the parameters we pass.
+Statements name every bind ``b_...``: the batch ones run as driver SQL
+(see ``_batches.Compiled``), which gets only the parameters we pass.
 """
 
 from __future__ import annotations
