@@ -64,7 +64,10 @@ class Dispatcher:
         self._instants: list[float] = []  # a heap of the buckets' keys
         self._target = math.inf  # the instant the timer sleeps for
         self._sleep: anyio.CancelScope | None = None
+        self._timer = anyio.CancelScope()  # the timer loop's, cancelled by stop()
         self._tg: anyio.abc.TaskGroup | None = None
+        self.ended = anyio.Event()
+        """Set when the timer and every claim of the dispatcher have ended."""
 
     def add(self, runner: JobRunner, tick: float) -> None:
         """Run ``runner`` at ``tick`` (and from there on its schedule)."""
@@ -80,25 +83,41 @@ class Dispatcher:
         runner.stats.next_run_at = tick
 
     async def run(self) -> None:
-        """The timer's task: dispatches each instant as it comes, until cancelled."""
+        """The timer's task: dispatches each instant as it comes until :meth:`stop`,
+        then waits for the claims in flight (their winners run)."""
         clock, instants, buckets = self._clock, self._instants, self._buckets
         checkpoint = _checkpoint()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
-                while True:
-                    target = self._target = instants[0] if instants else math.inf
-                    if clock.now() < target - _EARLY:
-                        with anyio.CancelScope() as self._sleep:
-                            if target == math.inf:
-                                await anyio.sleep_forever()
-                            await clock.sleep_until(target)
-                        self._sleep = None
-                        continue  # woken early (the wall clock was stepped back) or kicked
-                    heapq.heappop(instants)
-                    await self._dispatch(target, buckets.pop(target), checkpoint)
+                with self._timer:
+                    while True:
+                        target = self._target = instants[0] if instants else math.inf
+                        if clock.now() < target - _EARLY:
+                            with anyio.CancelScope() as self._sleep:
+                                if target == math.inf:
+                                    await anyio.sleep_forever()
+                                await clock.sleep_until(target)
+                            self._sleep = None
+                            continue  # woken early (the wall clock was stepped back) or kicked
+                        heapq.heappop(instants)
+                        await self._dispatch(target, buckets.pop(target), checkpoint)
             finally:
-                self._tg, self._sleep, self._target = None, None, math.inf
+                self._sleep, self._target = None, math.inf
+        self._tg = None
+
+    async def run_until_cancelled(self, scope: anyio.CancelScope) -> None:
+        """:meth:`run` in ``scope``; :attr:`ended` is set when it has returned."""
+        try:
+            with scope:
+                await self.run()
+        finally:
+            self.ended.set()
+
+    def stop(self) -> None:
+        """No more instants. A claim in flight goes on: the ticks it wins are this
+        instance's, and run (shutdown waits for them as for any run in flight)."""
+        self._timer.cancel()
 
     async def _dispatch(
         self,

@@ -223,8 +223,10 @@ class JobRunner:
         return latest, self.advance(latest)
 
     def wake(self) -> None:
-        """Run the job for :attr:`due` (with :attr:`fence` if claimed)."""
-        if self.stopping:
+        """Run the job for :attr:`due` (with :attr:`fence` if claimed). Once
+        stopping, only a tick claimed before the stop runs (it is this instance's
+        to run), and only while the job's task still serves."""
+        if self.stopping and (self.fence is None or not self._serving):
             self.settle()
             return
         self.woken = True
@@ -299,7 +301,7 @@ class JobRunner:
                         self._gate = event = anyio.Event()
                         await event.wait()
                 self.woken = False
-                if self.stopping:
+                if self.stopping and self.fence is None:
                     self.settle(cancel=False)  # woken just before the stop: no new run
                     break
                 fence = self.fence

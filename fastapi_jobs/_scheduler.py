@@ -283,14 +283,16 @@ class Scheduler:
                 if claims is not None:
                     tg.start_soon(_run_in, releasing, claims.run)
                 tg.start_soon(tasks.run)
-                tg.start_soon(_run_in, dispatching, dispatcher.run)
+                tg.start_soon(dispatcher.run_until_cancelled, dispatching)
                 try:
                     yield
                 finally:
                     with anyio.CancelScope(shield=True):
                         beating.cancel()
-                        dispatching.cancel()  # no more ticks
+                        dispatcher.stop()  # no more ticks; claims in flight run their winners
                         await self._drain(runners, tasks, stopped)
+                        dispatching.cancel()  # a claim still stuck past the deadline
+                        await dispatcher.ended.wait()  # its claims released, as queued
                         keeping.cancel()  # the runs in flight renewed their leases until now
                         if claims is not None:
                             releasing.cancel()

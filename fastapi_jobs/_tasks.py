@@ -54,6 +54,8 @@ class JobTasks:
 
     def spawn(self, runner: JobRunner) -> None:
         """Make ``runner``'s task (once; it serves until the scheduler stops)."""
+        if self._stopping:
+            return  # runners do not ask once stopping; never a task past the owner
         self._live += 1
         loop, tg = self._loop, self._tg
         if loop is not None:

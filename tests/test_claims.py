@@ -384,6 +384,38 @@ async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart
     assert later.last_error is not None and later.last_error.type == "CancelledError"
 
 
+async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> None:
+    """The app stops while a tick's claim is on its way (held up by a lock): the
+    claim comes back won, and the run goes, with shutdown waiting for it, instead
+    of the tick being claimed and then thrown away (it could never run elsewhere)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    ticks: list[datetime] = []
+    async with engine_for(url) as engine:
+        scheduler = instance(engine, lease=6, timeout=1.5)
+        first = anyio.Event()
+
+        @scheduler.every(seconds=1)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick)
+            first.set()
+
+        async with anyio.create_task_group() as tg:
+            async with scheduler.running({"db": engine}):
+                await first.wait()
+                # Lock from 0.3 s before the next tick to 0.5 s after it; stop at
+                # 0.15 s after it, while that tick's claim waits for the lock.
+                next_tick = ticks[-1].timestamp() + 1
+                await anyio.sleep(next_tick - 0.3 - time.time())
+                tg.start_soon(hold_lock, url, engine, 0.8)
+                await anyio.sleep(next_tick + 0.15 - time.time())
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(sa.text("SELECT last_tick, outcome FROM fastapi_jobs_claims"))
+            ).one()
+    assert [t.timestamp() for t in ticks][-1] == next_tick  # it ran, during shutdown
+    assert tuple(row) == (next_tick, "ok")
+
+
 async def test_catch_up_runs_the_latest_missed_tick_once_within_the_deadline(
     database_url: str,
 ) -> None:
