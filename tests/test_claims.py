@@ -399,15 +399,14 @@ async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> Non
             ticks.append(ctx.tick)
             first.set()
 
-        async with anyio.create_task_group() as tg:
-            async with scheduler.running({"db": engine}):
-                await first.wait()
-                # Lock from 0.3 s before the next tick to 0.5 s after it; stop at
-                # 0.15 s after it, while that tick's claim waits for the lock.
-                next_tick = ticks[-1].timestamp() + 1
-                await anyio.sleep(next_tick - 0.3 - time.time())
-                tg.start_soon(hold_lock, url, engine, 0.8)
-                await anyio.sleep(next_tick + 0.15 - time.time())
+        async with anyio.create_task_group() as tg, scheduler.running({"db": engine}):
+            await first.wait()
+            # Lock from 0.3 s before the next tick to 0.5 s after it; stop at
+            # 0.15 s after it, while that tick's claim waits for the lock.
+            next_tick = ticks[-1].timestamp() + 1
+            await anyio.sleep(next_tick - 0.3 - time.time())
+            tg.start_soon(hold_lock, url, engine, 0.8)
+            await anyio.sleep(next_tick + 0.15 - time.time())
         async with engine.connect() as conn:
             row = (
                 await conn.execute(sa.text("SELECT last_tick, outcome FROM fastapi_jobs_claims"))
