@@ -14,6 +14,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
@@ -344,7 +345,7 @@ def test_after_a_long_outside_lock_sqlite_workers_recover_within_a_timeout(
 
     def outside_write() -> bool:
         try:
-            with sqlite3.connect(path, timeout=0.2) as conn:
+            with closing(sqlite3.connect(path, timeout=0.2)) as conn, conn:
                 conn.execute("INSERT INTO writes VALUES ('probe', 0, 'test', 0)")
             return True
         except sqlite3.OperationalError:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from .postgres import wait_until
@@ -21,7 +21,9 @@ GRACEFUL = (0, -signal.SIGTERM)
 
 def events(db: Path) -> list[tuple[str, str, float]]:
     try:
-        with sqlite3.connect(db, timeout=10) as conn:
+        # closing(): a sqlite3 connection's own `with` commits but does not close
+        # it, and Python 3.13 warns of each one left to the collector.
+        with closing(sqlite3.connect(db, timeout=10)) as conn:
             return list(conn.execute("SELECT job, event, at FROM events ORDER BY rowid"))
     except sqlite3.OperationalError:  # no table yet
         return []

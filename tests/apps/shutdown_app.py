@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from typing import Any
 
 import anyio
@@ -25,7 +25,7 @@ RUN_SECONDS = float(os.environ.get("SLOW_RUN_SECONDS", "2"))
 
 
 def record(job: str, event: str, at: float | None = None) -> None:
-    with sqlite3.connect(DB, timeout=10) as conn:
+    with closing(sqlite3.connect(DB, timeout=10)) as conn, conn:  # committed, then closed
         conn.execute("CREATE TABLE IF NOT EXISTS events (job TEXT, event TEXT, at REAL)")
         conn.execute("INSERT INTO events VALUES (?, ?, ?)", (job, event, at or time.time()))
 
