@@ -84,12 +84,13 @@ class Dispatcher:
 
     async def run(self) -> None:
         """The timer's task: dispatches each instant as it comes until :meth:`stop`,
-        then waits for the claims in flight (their winners run)."""
+        then waits for the claims in flight (their winners run). Sets
+        :attr:`ended` when it returns, however it does."""
         clock, instants, buckets = self._clock, self._instants, self._buckets
         checkpoint = _checkpoint()
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            try:
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
                 with self._timer:
                     while True:
                         target = self._target = instants[0] if instants else math.inf
@@ -102,16 +103,8 @@ class Dispatcher:
                             continue  # woken early (the wall clock was stepped back) or kicked
                         heapq.heappop(instants)
                         await self._dispatch(target, buckets.pop(target), checkpoint)
-            finally:
-                self._sleep, self._target = None, math.inf
-        self._tg = None
-
-    async def run_until_cancelled(self, scope: anyio.CancelScope) -> None:
-        """:meth:`run` in ``scope``; :attr:`ended` is set when it has returned."""
-        try:
-            with scope:
-                await self.run()
         finally:
+            self._tg, self._sleep, self._target = None, None, math.inf
             self.ended.set()
 
     def stop(self) -> None:

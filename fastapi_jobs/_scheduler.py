@@ -283,7 +283,7 @@ class Scheduler:
                 if claims is not None:
                     tg.start_soon(_run_in, releasing, claims.run)
                 tg.start_soon(tasks.run)
-                tg.start_soon(dispatcher.run_until_cancelled, dispatching)
+                tg.start_soon(_run_in, dispatching, dispatcher.run)
                 try:
                     yield
                 finally:
