@@ -51,7 +51,7 @@ class Claims:
         try:
             with anyio.fail_after(store.timeout):
                 if self._unreleased:
-                    await self._send_unreleased()
+                    await self._send(list(self._unreleased.values()))
                 return await store.claim(wanted)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
             self.logger.warning(
@@ -84,21 +84,18 @@ class Claims:
 
     async def flush(self) -> None:
         """Send the releases gathered so far (and those that failed before)."""
-        ended, self._ended = self._ended, []
-        retried = list(self._unreleased.values())
-        if not ended and not retried:
+        rows = [*self._unreleased.values(), *self._ended]
+        self._ended = []
+        if not rows:
             return
-        self._unreleased = {}
         try:
             with anyio.fail_after(self.store.timeout):
-                refused = await self.store.release(retried + ended)
+                refused = await self._send(rows)
         except Exception as exc:  # noqa: BLE001 - retried; else the leases run out
-            for row in (*retried, *ended):
-                self._unreleased.setdefault(row.job, row)
             self.logger.warning(
                 "could not release the claims of %s (%r); retried before the next claim, "
                 "or each frees when its lease ends",
-                _names([row.job for row in (*retried, *ended)]),
+                _names([row.job for row in rows]),
                 exc,
             )
             return
@@ -111,11 +108,14 @@ class Claims:
                 next(iter(refused.values())),
             )
 
-    async def _send_unreleased(self) -> None:
-        retried, self._unreleased = list(self._unreleased.values()), {}
+    async def _send(self, rows: list[Ended]) -> Mapping[str, Exception]:
+        """Release ``rows`` (the unreleased ones among them); kept to be sent again
+        if the call fails, dropped once it went through or the database refused them."""
+        for row in rows:
+            self._unreleased.pop(row.job, None)
         try:
-            await self.store.release(retried)
+            return await self.store.release(rows)
         except BaseException:
-            for row in retried:
+            for row in rows:
                 self._unreleased.setdefault(row.job, row)
             raise
