@@ -67,10 +67,10 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
 
         class TimedStore(SQLAlchemyStore):
             async def claim(
-                self, wanted: Sequence[tuple[str, float]]
+                self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
             ) -> dict[str, int | Exception]:
                 t0 = time.perf_counter()
-                fences = await super().claim(wanted)
+                fences = await super().claim(wanted, manual=manual)
                 if on:
                     latencies.append((time.perf_counter() - t0) * 1000)
                     statements["claim calls"] += len(wanted)

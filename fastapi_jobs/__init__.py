@@ -2,19 +2,30 @@
 
 from ._clock import Clock, LoopClock, SystemClock
 from ._context import JobContext
+from ._control import TriggeredRun
 from ._errors import (
     ConfigurationError,
     FastAPIJobsError,
     JobNotFoundError,
     JobRunningError,
     LeaseLostError,
+    NotRunningError,
     StoreError,
 )
 from ._job import Job
 from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, JobStatus, Outcome
+from ._status import (
+    ClusterJobStatus,
+    ClusterView,
+    ErrorInfo,
+    InstanceStatus,
+    JobStatus,
+    Outcome,
+    PauseState,
+    RunRecord,
+)
 from ._store import Ended, Instance, Store
 
 __all__ = [
@@ -36,11 +47,15 @@ __all__ = [
     "JobStatus",
     "LeaseLostError",
     "LoopClock",
+    "NotRunningError",
     "Outcome",
+    "PauseState",
+    "RunRecord",
     "RunResult",
     "Schedule",
     "Scheduler",
     "Store",
     "StoreError",
     "SystemClock",
+    "TriggeredRun",
 ]

@@ -43,15 +43,19 @@ class Claims:
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
 
-    async def claim(self, wanted: list[tuple[str, float]]) -> Mapping[str, int | Exception] | None:
+    async def claim(
+        self, wanted: list[tuple[str, float]], *, manual: bool = False
+    ) -> Mapping[str, int | Exception] | None:
         """Claim ``(job, tick)`` pairs in one call: the fences by job (a job not
-        there is held elsewhere), or None when the store could not be reached
-        (fail closed: those ticks are skipped, and logged here)."""
+        there is held elsewhere, or paused), or None when the store could not be
+        reached (fail closed: those ticks are skipped, and logged here)."""
         store = self.store
         try:
             with anyio.fail_after(store.timeout):
                 if self._unreleased:
                     await self._send(list(self._unreleased.values()))
+                if manual:
+                    return await store.claim(wanted, manual=True)
                 return await store.claim(wanted)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
             self.logger.warning(

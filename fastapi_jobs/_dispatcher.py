@@ -158,6 +158,9 @@ class Dispatcher:
             last_bucket.append(runner)
             stats = runner.stats
             stats.next_run_at = nxt
+            if runner.paused_until > tick:
+                stats.skip("paused")  # a pause taken elsewhere reaches the claim too
+                continue
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
                 stats.skip("overlap")  # dropped, not queued

@@ -7,10 +7,13 @@ The hierarchy::
     ├── JobNotFoundError        a job name the scheduler does not know
     ├── JobRunningError         asked to run a job that is already running
     ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
+    ├── NotRunningError         asked to trigger a job while the scheduler is not running
     └── StoreError              the store cannot be used as configured
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 __all__ = [
     "ConfigurationError",
@@ -18,6 +21,7 @@ __all__ = [
     "JobNotFoundError",
     "JobRunningError",
     "LeaseLostError",
+    "NotRunningError",
     "StoreError",
     "short",
 ]
@@ -49,13 +53,27 @@ class JobNotFoundError(FastAPIJobsError, LookupError):
 class JobRunningError(FastAPIJobsError):
     """Raised when a job is asked to run now while a run of it is still going."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, started_at: datetime | None = None, instance: str | None = None
+    ) -> None:
         self.name = name
-        super().__init__(f"job {name!r} is running; wait for the run to finish and ask again")
+        self.started_at = started_at
+        """When the run going started, if known."""
+        self.instance = instance
+        """The instance running it, if known (with a store)."""
+        where = "" if instance is None else f" on {instance}"
+        since = "" if started_at is None else f" since {started_at.isoformat(timespec='seconds')}"
+        super().__init__(
+            f"job {name!r} is running{where}{since}; wait for the run to finish and ask again"
+        )
 
 
 class LeaseLostError(FastAPIJobsError):
     """Raised (and recorded) when a run's claim is no longer held by this instance."""
+
+
+class NotRunningError(FastAPIJobsError, RuntimeError):
+    """Raised when a job is triggered while the scheduler is not running (or stopping)."""
 
 
 class StoreError(FastAPIJobsError):

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._checks import check_name, seconds
 from ._context import JobContext
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, short
 from ._schedules import Schedule
 
 __all__ = ["Job"]
@@ -33,6 +33,14 @@ class Job:
     """Run in every instance, unclaimed (for idempotent jobs)."""
     catch_up: float | None = None
     """After downtime, run the latest missed tick if at most this many seconds old."""
+    retries: int = 0
+    """A failed run is tried again up to this many times within its tick."""
+    retry_backoff: float = 1.0
+    """The first retry waits about this long; each next one twice as long."""
+    retry_timeouts: bool = True
+    """Whether a run that timed out is retried like a failed one."""
+    paused: bool = False
+    """Declared paused: the job waits for an operator's resume."""
 
     @classmethod
     def build(
@@ -45,6 +53,10 @@ class Job:
         run_on_startup: bool,
         every_instance: bool = False,
         catch_up: float | timedelta | None = None,
+        retries: int = 0,
+        retry_backoff: float | timedelta = 1.0,
+        retry_timeouts: bool = True,
+        paused: bool = False,
     ) -> Job:
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
@@ -83,7 +95,34 @@ class Job:
             is_async=is_async,
             every_instance=bool(every_instance),
             catch_up=_seconds(name, "catch_up", catch_up),
+            retries=_retries(name, retries),
+            retry_backoff=seconds(
+                "retry_backoff",
+                retry_backoff,
+                context=f"job {name!r}: ",
+                allow_zero=True,
+                maximum=MAX_BACKOFF,
+            ),
+            retry_timeouts=bool(retry_timeouts),
+            paused=bool(paused),
         )
+
+
+MAX_RETRIES = 100
+"""More tries than this within one tick is a loop, not a retry."""
+MAX_BACKOFF = 86400.0
+
+
+def _retries(name: str, retries: object) -> int:
+    if not isinstance(retries, int) or isinstance(retries, bool):
+        raise ConfigurationError(
+            f"job {name!r}: retries={short(retries)}: pass a whole number from 0 to {MAX_RETRIES}"
+        )
+    if not 0 <= retries <= MAX_RETRIES:
+        raise ConfigurationError(
+            f"job {name!r}: retries={retries}: must be from 0 to {MAX_RETRIES}"
+        )
+    return retries
 
 
 def _seconds(name: str, option: str, value: float | timedelta | None) -> float | None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
+import math
+import random
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,11 +35,14 @@ from ._store import Ended
 if TYPE_CHECKING:
     from ._claims import Claims
 
-__all__ = ["JobRunner", "Ran", "RunResult"]
+__all__ = ["HISTORY", "JobRunner", "Manual", "Ran", "RunResult", "backoff"]
 
 _US = 1_000_000
 _new = tuple.__new__
 _NOT_STARTED = "the scheduler stopped before the run started"
+HISTORY = 50
+"""Runs of each job this process remembers (``GET /jobs/{name}/runs`` without a store)."""
+_sequence = itertools.count(1)  # numbers the runs of this process that have no fence
 
 
 class Dispatching(Protocol):
@@ -87,6 +94,8 @@ class RunResult:
     duration_s: float
     error: BaseException | None
     """The exception of a failed run (a ``TimeoutError`` for a timed-out one)."""
+    attempts: int = 1
+    """Runs it took: 1, plus the retries."""
 
     @property
     def ok(self) -> bool:
@@ -94,11 +103,50 @@ class RunResult:
 
 
 class Ran(NamedTuple):
-    """How one run ended, as :meth:`JobRunner.run` returns it."""
+    """How one run (or a tick's runs, retries included) ended."""
 
     outcome: Outcome
     error: BaseException | None
     duration: float
+    started: float
+    attempts: int
+
+
+class Record(NamedTuple):
+    """One tick's run as this process remembers it (``HISTORY`` per job)."""
+
+    seq: int
+    tick: float
+    manual: bool
+    attempts: int
+    started: float
+    finished: float
+    duration: float
+    outcome: Outcome
+    error: BaseException | None
+    fence: int | None
+
+
+class Manual:
+    """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
+
+    __slots__ = ("done", "fence", "ran", "seq", "tick")
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self.seq = next(_sequence)
+        self.fence: int | None = None
+        self.ran: Ran | None = None
+        """How it ended; None until :attr:`done` (and for a cancelled run)."""
+        self.done = anyio.Event()
+
+
+def backoff(base: float, attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): ``base`` doubled each time,
+    between half of that and all of it (jitter, so that jobs failing together do
+    not retry together)."""
+    delay = base * 2.0 ** min(attempt - 1, 60)
+    return random.uniform(delay / 2, delay)
 
 
 class JobRunner:
@@ -117,6 +165,7 @@ class JobRunner:
         "_gate",
         "_logger",
         "_parent_logger",
+        "_retry_wait",
         "_serving",
         "_task",
         "_tasks",
@@ -124,9 +173,12 @@ class JobRunner:
         "due",
         "fence",
         "grid_us",
+        "history",
         "in_flight",
         "job",
         "leases",
+        "manual",
+        "paused_until",
         "period_us",
         "stats",
         "stopping",
@@ -172,6 +224,12 @@ class JobRunner:
         """The tick of the run the dispatcher wakes the job for."""
         self.fence: int | None = None
         self.claimed_at = 0.0
+        self.manual: Manual | None = None
+        """The run asked for by hand that the task is woken for, if it is one."""
+        self.paused_until = math.inf if job.paused else 0.0
+        """Ticks before this instant are skipped as paused (inf: until resumed)."""
+        self.history: deque[Record] | None = None  # made on the first run
+        self._retry_wait: anyio.CancelScope | None = None
 
     @property
     def logger(self) -> logging.Logger:
@@ -248,6 +306,10 @@ class JobRunner:
         (and release the claim made for it, if any); if stopping, end its task
         (unless ``cancel`` is false: the task itself is ending)."""
         self.in_flight = self.woken = False
+        manual = self.manual
+        if manual is not None:
+            self.manual = None
+            manual.done.set()  # never ran: its ran stays None
         fence = self.fence
         if fence is not None:
             self.fence = None
@@ -304,15 +366,20 @@ class JobRunner:
                 if self.stopping and self.fence is None:
                     self.settle(cancel=False)  # woken just before the stop: no new run
                     break
-                fence = self.fence
+                manual, fence = self.manual, self.fence
+                ran: Ran | None = None
                 try:
                     if fence is None:
-                        await self.run(self.due, state)
+                        ran = await self.attempts(self.due, state, manual)
                     else:
                         self.fence = None
-                        await self._run_claimed(fence, state)
+                        ran = await self._run_claimed(fence, state, manual)
                 finally:
                     self.in_flight = False
+                    if manual is not None:
+                        self.manual = None
+                        manual.fence, manual.ran = fence, ran
+                        manual.done.set()
         except BaseException as exc:
             if not (self.stopping and _is_cancellation(exc)):
                 raise  # a cancellation from outside is never swallowed
@@ -370,8 +437,11 @@ class JobRunner:
 
     # -- claimed runs -------------------------------------------------------
 
-    async def _run_claimed(self, fence: int, state: Mapping[str, Any]) -> None:
-        """Run the tick the dispatcher claimed, under a renewed lease; release it."""
+    async def _run_claimed(
+        self, fence: int, state: Mapping[str, Any], manual: Manual | None
+    ) -> Ran | None:
+        """Run the tick claimed for this job, under a renewed lease; release it.
+        How it ended, or None if the run was cancelled (a lost lease)."""
         leases, claims, name = self.leases, self._claims, self.job.name
         assert leases is not None and claims is not None
         started = self._clock.now()
@@ -384,10 +454,10 @@ class JobRunner:
         lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
         try:
             if scope is None:
-                ran = await self.run(self.due, state, fence=fence, started=started)
+                ran = await self.attempts(self.due, state, manual, fence, started)
             else:
                 with scope:  # absorbs the cancellation of a lost lease
-                    ran = await self.run(self.due, state, fence=fence, started=started)
+                    ran = await self.attempts(self.due, state, manual, fence, started)
         except BaseException as exc:
             if lease.lost is None or self.stopping or not _is_cancellation(exc):
                 raise
@@ -400,14 +470,24 @@ class JobRunner:
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
-                ended: tuple[str, int, Outcome, str | None, float]
+                ended: tuple[str, int, Outcome, str | None, float, int, bool]
                 if ran is None:
                     duration = max(0.0, self._clock.now() - started)
-                    ended = (name, fence, "cancelled", None, duration)
+                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None)
                 else:
                     error = None if ran.error is None else str(ErrorInfo.of(ran.error))
-                    ended = (name, fence, ran.outcome, error, ran.duration)
+                    attempts = ran.attempts
+                    ended = (
+                        name,
+                        fence,
+                        ran.outcome,
+                        error,
+                        ran.duration,
+                        attempts,
+                        manual is not None,
+                    )
                 claims.release_soon(_new(Ended, ended))
+        return ran
 
     def _record_lost(self, reason: str) -> None:
         stats, name = self.stats, self.job.name
@@ -419,8 +499,10 @@ class JobRunner:
         )
 
     def stop(self) -> None:
-        """Stop: at once if idle, else after the run in flight."""
+        """Stop: at once if idle, else after the run in flight (with no more retries)."""
         self.stopping = True
+        if self._retry_wait is not None:
+            self._retry_wait.cancel()
         if not self.in_flight and self._cancel is not None:
             self._cancel()
 
@@ -428,6 +510,81 @@ class JobRunner:
         """Cancel the run in flight (shutdown deadline passed)."""
         if self._cancel is not None:
             self._cancel()
+
+    # -- a tick's runs: retries and history -----------------------------------
+
+    async def attempts(
+        self,
+        tick: float,
+        state: Mapping[str, Any],
+        asked: Manual | None = None,
+        fence: int | None = None,
+        started: float | None = None,
+    ) -> Ran:
+        """Run the job for ``tick``, tried again on failure as the job says
+        (``retries``), and remember how the tick went (:attr:`history`).
+        ``asked``: the run was asked for by hand."""
+        manual = asked is not None
+        ran = await self.run(tick, state, manual=manual, fence=fence, started=started)
+        if ran.outcome != "ok" and self.job.retries:
+            ran = await self._retry(ran, tick, state, manual, fence)
+        history = self.history
+        if history is None:
+            history = self.history = deque(maxlen=HISTORY)
+        finished = self.stats.last_finished_at or ran.started
+        seq = next(_sequence) if asked is None else asked.seq
+        record = (seq, tick, manual, ran.attempts, ran.started, finished)
+        history.append(_new(Record, (*record, ran.duration, ran.outcome, ran.error, fence)))
+        return ran
+
+    async def _retry(
+        self, ran: Ran, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
+    ) -> Ran:
+        job, clock, name = self.job, self._clock, self.job.name
+        first, attempt = ran.started, 1
+        while attempt <= job.retries and ran.outcome != "ok":
+            if ran.outcome == "cancelled" or (
+                ran.outcome == "timed_out" and not job.retry_timeouts
+            ):
+                break
+            extra = {"job": name, "attempt": attempt}
+            if self.stopping:
+                self.logger.warning("job %r: not retried, the app is stopping", name, extra=extra)
+                break
+            at = clock.now() + backoff(job.retry_backoff, attempt)
+            nxt = self.stats.next_run_at
+            if nxt is not None and at >= nxt:
+                self.logger.warning(
+                    "job %r: retry %d of %d dropped: it would start after the job's "
+                    "next tick, which runs as usual",
+                    name,
+                    attempt,
+                    job.retries,
+                    extra=extra,
+                )
+                break
+            self.logger.warning(
+                "job %r: attempt %d failed; retry %d of %d in %.3gs",
+                name,
+                attempt,
+                attempt,
+                job.retries,
+                at - clock.now(),
+                extra=extra,
+            )
+            try:
+                with anyio.CancelScope() as self._retry_wait:
+                    await clock.sleep_until(at)
+            finally:
+                self._retry_wait = None
+            if self.stopping:
+                break  # stop() cancelled the wait: the app is stopping
+            attempt += 1
+            self.stats.retries += 1
+            ran = await self.run(tick, state, manual=manual, fence=fence)
+        finished = self.stats.last_finished_at or first
+        duration = finished - first if finished > first else 0.0
+        return _new(Ran, (ran.outcome, ran.error, duration, first, attempt))
 
     # -- one run ----------------------------------------------------------
 
@@ -485,7 +642,7 @@ class JobRunner:
                 self.logger.debug(
                     "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
                 )
-        return _new(Ran, (outcome, error, duration))  # Ran(...) without its Python __new__
+        return _new(Ran, (outcome, error, duration, started, 1))  # Ran(...) without its __new__
 
     async def _call_sync(self, args: tuple[JobContext, ...]) -> TimeoutError | None:
         """Run the sync job in a worker thread; a TimeoutError if it passed its timeout.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,16 +17,24 @@ import anyio
 from ._checks import seconds
 from ._claims import Claims
 from ._clock import Clock, OffsetClock, SystemClock
+from ._control import TriggeredRun, check_limit, check_until, records, run_id
 from ._dispatcher import Dispatcher
-from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, short
+from ._errors import (
+    ConfigurationError,
+    JobNotFoundError,
+    JobRunningError,
+    NotRunningError,
+    StoreError,
+    short,
+)
 from ._heartbeat import Heartbeat
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
-from ._runner import JobRunner, RunResult
+from ._runner import JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterView, JobStatus, utc
-from ._store import Instance, Store
+from ._status import ClusterView, JobStatus, PauseState, RunRecord, utc
+from ._store import Ended, Instance, Store
 from ._tasks import JobTasks
 
 if TYPE_CHECKING:
@@ -91,12 +100,13 @@ class Scheduler:
         self._heartbeat: Heartbeat | None = None
         if store is not None:
             self._ticking_clock = on_db_time = OffsetClock(self.clock)
-            self._heartbeat = Heartbeat(store, on_db_time, self.logger)
+            self._heartbeat = Heartbeat(store, on_db_time, self.logger, self._apply_pauses)
         self._leases = LeaseKeeper(store) if store is not None else None
         self.instance = Instance()
         self._app_lifespan = lifespan
         self._runners: dict[str, JobRunner] = {}
         self._state: Mapping[str, Any] | None = None
+        self._claims: Claims | None = None
         self._router: APIRouter | None = None
 
     # -- declaring jobs ---------------------------------------------------
@@ -111,6 +121,10 @@ class Scheduler:
         run_on_startup: bool = False,
         every_instance: bool = False,
         catch_up: float | timedelta | None = None,
+        retries: int = 0,
+        retry_backoff: float | timedelta = 1.0,
+        retry_timeouts: bool = True,
+        paused: bool = False,
     ) -> Job:
         """Register ``func`` to run on ``schedule``; the decorators call this.
 
@@ -121,6 +135,12 @@ class Scheduler:
         idempotent job out of claims (it runs in every instance), and
         ``catch_up`` runs the latest tick missed during downtime once, if it
         is at most that old (default: missed ticks are skipped).
+
+        ``retries`` tries a failed run again within its tick, after
+        ``retry_backoff`` seconds, then twice that, and so on (with jitter),
+        never past the job's next tick; a timed-out run counts as failed unless
+        ``retry_timeouts=False``. ``paused=True`` declares the job paused: it
+        runs only once an operator resumes it (:meth:`resume`).
         """
         if self._state is not None:
             raise ConfigurationError(
@@ -135,6 +155,10 @@ class Scheduler:
             run_on_startup=run_on_startup,
             every_instance=every_instance,
             catch_up=catch_up,
+            retries=retries,
+            retry_backoff=retry_backoff,
+            retry_timeouts=retry_timeouts,
+            paused=paused,
         )
         if job.name in self._runners:
             raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
@@ -166,6 +190,10 @@ class Scheduler:
         run_on_startup: bool = False,
         every_instance: bool = False,
         catch_up: float | timedelta | None = None,
+        retries: int = 0,
+        retry_backoff: float | timedelta = 1.0,
+        retry_timeouts: bool = True,
+        paused: bool = False,
     ) -> Callable[[F], F]:
         """Decorate a job that runs at a fixed interval (see :class:`Every`).
 
@@ -186,6 +214,10 @@ class Scheduler:
             run_on_startup=run_on_startup,
             every_instance=every_instance,
             catch_up=catch_up,
+            retries=retries,
+            retry_backoff=retry_backoff,
+            retry_timeouts=retry_timeouts,
+            paused=paused,
         )
 
     def cron(
@@ -198,6 +230,10 @@ class Scheduler:
         run_on_startup: bool = False,
         every_instance: bool = False,
         catch_up: float | timedelta | None = None,
+        retries: int = 0,
+        retry_backoff: float | timedelta = 1.0,
+        retry_timeouts: bool = True,
+        paused: bool = False,
     ) -> Callable[[F], F]:
         """Decorate a job that runs on a cron expression in ``tz`` (see :class:`Cron`)."""
         return self._decorator(
@@ -207,6 +243,10 @@ class Scheduler:
             run_on_startup=run_on_startup,
             every_instance=every_instance,
             catch_up=catch_up,
+            retries=retries,
+            retry_backoff=retry_backoff,
+            retry_timeouts=retry_timeouts,
+            paused=paused,
         )
 
     def _decorator(self, schedule: Schedule, **options: Any) -> Callable[[F], F]:
@@ -240,12 +280,16 @@ class Scheduler:
                 yield state
 
     @asynccontextmanager
-    async def running(self, state: Mapping[str, Any] | None = None) -> AsyncIterator[None]:
+    async def running(
+        self, state: Mapping[str, Any] | None = None, *, ticking: bool = True
+    ) -> AsyncIterator[None]:
         """Run the jobs for the duration of the ``async with`` block.
 
         What :meth:`lifespan` uses; use it directly outside an ASGI app. On
         exit: stop ticking at once, wait for runs in flight up to
         ``shutdown_timeout``, then cancel what remains and log each job cut.
+        ``ticking=False`` starts everything but the schedules: jobs run only
+        when triggered (what the CLI's ``run`` does).
         """
         if self._state is not None:
             raise RuntimeError("this scheduler is already running")
@@ -265,8 +309,11 @@ class Scheduler:
             dispatcher = Dispatcher(self._ticking_clock, claims)
             tasks = JobTasks(self._state, dispatcher, stopped)
             now = self._ticking_clock.now()
+            self._claims = claims
             for runner in runners:
                 runner.arm(claims, tasks)
+                if not ticking:
+                    continue
                 if runner.job.catch_up is None:
                     first = runner.first_tick(now)
                     if first is not None:
@@ -298,7 +345,7 @@ class Scheduler:
                             releasing.cancel()
                             await claims.flush()  # the releases of the last runs
         finally:
-            self._state = None
+            self._state = self._claims = None
             if store is not None:
                 with anyio.CancelScope(shield=True):
                     await store.close()
@@ -408,14 +455,163 @@ class Scheduler:
         if state is None:
             state = self._state if self._state is not None else {}
         tick = self.clock.now()
-        ran = await runner.run(tick, state, manual=True)
+        ran = await runner.attempts(tick, state, Manual(tick))
         return RunResult(
             name=name,
             outcome=ran.outcome,
             tick=datetime.fromtimestamp(tick, UTC),
             duration_s=ran.duration,
             error=ran.error,
+            attempts=ran.attempts,
         )
+
+    # -- operating --------------------------------------------------------
+
+    async def trigger(self, name: str, *, wait: bool = False) -> TriggeredRun:
+        """Run ``name`` now, in the running app, as its task runs a tick.
+
+        With a store the run is claimed first, like a tick: it holds the job's
+        lease, so no scheduled tick runs beside it on any instance, and of two
+        triggers on two instances one runs and the other raises
+        :class:`JobRunningError` (saying where and since when). A paused job
+        runs too: the operator asked. Returns once the run has started (with
+        ``wait=True``, once it has ended: see :meth:`TriggeredRun.wait`).
+
+        Raises :class:`JobNotFoundError`, :class:`JobRunningError`, and
+        :class:`StoreError` when the store cannot be reached (nothing ran).
+        """
+        runner = self._runner(name)
+        if self._state is None or runner.stopping:
+            raise NotRunningError(
+                f"cannot trigger {name!r}: the scheduler is not running (in tests, "
+                "run_now() runs a job without the app)"
+            )
+        if runner.busy:
+            raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
+        tick = self._ticking_clock.now()
+        manual = Manual(tick)
+        runner.in_flight = True  # no scheduled tick starts here meanwhile
+        fence: int | None = None
+        if runner.leases is not None:
+            claims = self._claims
+            assert claims is not None
+            claimed_at = anyio.current_time()
+            try:
+                fences = await claims.claim([(name, tick)], manual=True)
+            finally:
+                runner.in_flight = False
+            got = None if fences is None else fences.get(name)
+            if not isinstance(got, int):
+                if fences is None or isinstance(got, Exception):
+                    raise StoreError(
+                        f"cannot trigger {name!r}: the store could not be reached or "
+                        f"refused the claim ({got!r}); nothing ran"
+                    )
+                raise await self._running_elsewhere(name)
+            if runner.busy or runner.stopping:  # a tick came while we claimed
+                claims.release_soon(Ended(name, got, "cancelled", "not run: busy", 0.0, 1, True))
+                raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
+            fence = runner.fence = got
+            runner.claimed_at = claimed_at
+            runner.in_flight = True
+        runner.due, runner.manual = tick, manual
+        runner.wake()
+        triggered = TriggeredRun(
+            name=name,
+            id=run_id(self.instance.id, manual.seq, fence),
+            tick=datetime.fromtimestamp(tick, UTC),
+            instance=self.instance.id,
+            _manual=manual,
+        )
+        if wait:
+            await triggered.wait()
+        return triggered
+
+    async def _running_elsewhere(self, name: str) -> JobRunningError:
+        """Why a manual claim was refused: the job's lease is held (by whom, since when)."""
+        view = await self.cluster()
+        held = None if view is None else view.jobs.get(name)
+        if held is None:
+            return JobRunningError(name)
+        return JobRunningError(name, held.last_started_at, held.running_on or held.last_instance)
+
+    async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
+        """Skip the ticks of ``name`` (counted as ``skipped.paused``) until
+        :meth:`resume`, or until ``until`` (an aware datetime) for a maintenance
+        window. With a store the pause holds for every instance from its next
+        tick, and across restarts; without one, for this process. Pausing a
+        paused job changes only its end. A run going is not stopped.
+        """
+        runner = self._runner(name)
+        until_ts = check_until(until, self._ticking_clock.now())
+        await self._set_pause(runner, until_ts)
+        return self._pause_state(runner)
+
+    async def resume(self, name: str) -> PauseState:
+        """Undo :meth:`pause` (and a declared ``paused=True``); the next tick runs.
+        With a store, other instances learn it at their next heartbeat."""
+        runner = self._runner(name)
+        await self._set_pause(runner, None, resume=True)
+        return self._pause_state(runner)
+
+    async def _set_pause(
+        self, runner: JobRunner, until: float | None, *, resume: bool = False
+    ) -> None:
+        store, name = self.store, runner.job.name
+        if store is not None:
+            try:
+                with anyio.fail_after(store.timeout):
+                    if resume:
+                        await store.resume(name)
+                    else:
+                        await store.pause(name, until)
+            except Exception as exc:
+                raise StoreError(
+                    f"cannot reach the store to {'resume' if resume else 'pause'} {name!r} "
+                    f"({exc!r}); nothing changed"
+                ) from exc
+        runner.paused_until = 0.0 if resume else math.inf if until is None else until
+        self.logger.info(
+            "job %r %s%s",
+            name,
+            "resumed" if resume else "paused",
+            "" if resume or until is None else f" until {utc(until)}",
+            extra={"job": name},
+        )
+
+    def _pause_state(self, runner: JobRunner) -> PauseState:
+        until = runner.paused_until
+        paused = until > self._ticking_clock.now()
+        return PauseState(
+            job=runner.job.name,
+            paused=paused,
+            until=utc(until) if paused and until < math.inf else None,
+            scope="cluster" if self.store is not None else "process",
+        )
+
+    def _apply_pauses(self, pauses: Mapping[str, float]) -> None:
+        """The store's pauses (each heartbeat): every job's pause as the cluster has it."""
+        for name, runner in self._runners.items():
+            until = pauses.get(name)
+            if until is None:
+                until = math.inf if runner.job.paused else 0.0
+            runner.paused_until = until
+
+    async def runs(self, name: str, *, limit: int = 20) -> list[RunRecord]:
+        """The last ``limit`` runs of ``name``, newest first: with a store, of
+        every instance (its claimed runs); else of this process (the last 50)."""
+        runner = self._runner(name)
+        limit = check_limit(limit)
+        store = self.store
+        if store is not None and runner.leases is not None:
+            if self._state is None:
+                raise StoreError("the store opens when the scheduler starts")
+            try:
+                with anyio.fail_after(store.timeout):
+                    return await store.runs(name, limit)
+            except Exception as exc:
+                raise StoreError(f"cannot read the run history of {name!r}: {exc!r}") from exc
+        return records(name, self.instance.id, runner.history or (), limit)
 
     # -- status -----------------------------------------------------------
 
@@ -440,9 +636,12 @@ class Scheduler:
             return None
 
     async def cluster_status(self) -> list[JobStatus]:
-        """:meth:`status`, with each claimed job's cluster-wide last run filled in."""
-        statuses = self.status()
+        """:meth:`status`, with each claimed job's cluster-wide last run filled in
+        (and every job's pause as the store has it)."""
         view = await self.cluster()
+        if view is not None:
+            self._apply_pauses(view.pauses)
+        statuses = self.status()
         if view is not None:
             for status in statuses:
                 if status.claims:
@@ -462,6 +661,27 @@ class Scheduler:
             self._router = build_router(self)
         return self._router
 
+    def control_router(
+        self, *, dependencies: Sequence[Any] | None = None, public: bool = False
+    ) -> APIRouter:
+        """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``.
+
+        Pass the app's own auth: ``scheduler.control_router(dependencies=
+        [Depends(require_admin)])``. Without dependencies it refuses to be built
+        (anyone could run or stop jobs) unless ``public=True`` says so on purpose.
+        Include it beside :attr:`router`, under the same ``/jobs``.
+        """
+        if not dependencies and not public:
+            raise ConfigurationError(
+                "control_router() without dependencies would let anyone who reaches "
+                "the app run and pause jobs: pass the app's auth, e.g. "
+                "control_router(dependencies=[Depends(require_admin)]), or public=True "
+                "if the app is protected some other way (a private network)"
+            )
+        from ._router import build_control_router
+
+        return build_control_router(self, list(dependencies or ()))
+
     def _snapshot(self, runner: JobRunner) -> JobStatus:
         return runner.stats.snapshot(
             runner.job.name,
@@ -469,6 +689,8 @@ class Scheduler:
             runner.job.schedule.describe(),
             claims=runner.store is not None,
             running=runner.busy,
+            paused_until=runner.paused_until,
+            now=self._ticking_clock.now(),
         )
 
     def _runner(self, name: str) -> JobRunner:

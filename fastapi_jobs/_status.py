@@ -6,6 +6,7 @@ the hot path); :class:`JobStatus` is the read-only snapshot built on demand.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,6 +21,8 @@ __all__ = [
     "JobStats",
     "JobStatus",
     "Outcome",
+    "PauseState",
+    "RunRecord",
     "SkipReason",
     "utc",
 ]
@@ -33,12 +36,13 @@ _SQL_PARTS = re.compile(r"\s*\[SQL: |\s*\[parameters: |\s*\(Background on this e
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
 
-SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable"]
+SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused"]
 """Why a tick did not run here: ``overlap``, the previous run was still going;
 ``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
 only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
 the tick (or still holds the previous one); ``store_unavailable``, the store
-could not be reached, so the tick was skipped (fail closed)."""
+could not be reached, so the tick was skipped (fail closed); ``paused``, the
+job was paused."""
 
 
 class ErrorInfo(BaseModel):
@@ -70,6 +74,46 @@ class ErrorInfo(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
+
+    @classmethod
+    def parse(cls, text: str | None) -> ErrorInfo | None:
+        """Back from :meth:`__str__` (how the store keeps it)."""
+        if text is None:
+            return None
+        kind, _, message = text.partition(": ")
+        return cls(type=kind, message=message)
+
+
+class RunRecord(BaseModel):
+    """One tick's run (retries included), as ``GET /jobs/{name}/runs`` lists it."""
+
+    id: str = Field(
+        description="With a store, the claim's fence (unique per job across instances); "
+        "else 'instance#n', unique in this process."
+    )
+    job: str
+    tick: datetime | None = Field(description="The tick run (for a manual run, when it was asked).")
+    manual: bool = Field(description="Asked for by hand (trigger, run_now, the CLI).")
+    attempts: int = Field(description="Runs it took: 1, plus the retries.")
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    outcome: Outcome | None = Field(description="None while it runs (with a store).")
+    error: ErrorInfo | None
+    instance: str = Field(description="The instance that ran it.")
+    fence: int | None = Field(description="The claim's fence, with a store.")
+
+
+class PauseState(BaseModel):
+    """A job's pause, as the control endpoints answer it."""
+
+    job: str
+    paused: bool
+    until: datetime | None = Field(description="The end of the pause, if it has one.")
+    scope: Literal["cluster", "process"] = Field(
+        description="'cluster': kept in the store, for every instance and across restarts; "
+        "'process': no store, so this process only, until it restarts."
+    )
 
 
 class ClusterJobStatus(BaseModel):
@@ -103,6 +147,11 @@ class ClusterView(BaseModel):
 
     jobs: dict[str, ClusterJobStatus]
     instances: list[InstanceStatus]
+    pauses: dict[str, float] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="As Store.pauses(): paused until (inf: until resumed; 0: resumed).",
+    )
 
 
 class JobStatus(BaseModel):
@@ -132,6 +181,11 @@ class JobStatus(BaseModel):
     claims: bool = Field(
         description="Ticks are claimed in the store, so each runs on one instance only."
     )
+    paused: bool = Field(default=False, description="Ticks are skipped (`skipped.paused`).")
+    paused_until: datetime | None = Field(
+        default=None, description="When a pause with an end ends; null: until resumed."
+    )
+    retries: int = Field(default=0, description="Retries run in this process.")
     cluster: ClusterJobStatus | None = Field(
         default=None,
         description="With a store: the last run of this job across all instances.",
@@ -160,6 +214,7 @@ class JobStats:
         "last_outcome",
         "last_started_at",
         "next_run_at",
+        "retries",
         "running",
         "runs",
         "skipped",
@@ -168,6 +223,7 @@ class JobStats:
     def __init__(self) -> None:
         self.running = False
         self.runs = 0
+        self.retries = 0
         self.failures = 0
         self.next_run_at: float | None = None
         self.last_started_at: float | None = None
@@ -183,9 +239,17 @@ class JobStats:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def snapshot(
-        self, name: str, instance: str, schedule: str, claims: bool, running: bool
+        self,
+        name: str,
+        instance: str,
+        schedule: str,
+        claims: bool,
+        running: bool,
+        paused_until: float,
+        now: float,
     ) -> JobStatus:
         error = self.last_error
+        paused = paused_until > now
         return JobStatus(
             name=name,
             instance=instance,
@@ -202,4 +266,7 @@ class JobStats:
             skipped_ticks=sum(self.skipped.values()) if self.skipped else 0,
             skipped=dict(self.skipped or {}),
             claims=claims,
+            paused=paused,
+            paused_until=utc(paused_until) if paused and paused_until < math.inf else None,
+            retries=self.retries,
         )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from ._status import ClusterView, Outcome
+from ._status import ClusterView, Outcome, RunRecord
 
 __all__ = ["Ended", "Instance", "Store"]
 
@@ -41,6 +41,11 @@ class Ended(NamedTuple):
     error: str | None
     """The error as the status page shows it (``ErrorInfo``), or None."""
     duration: float
+    """Seconds from the first attempt's start to the last one's end."""
+    attempts: int = 1
+    """Runs it took: 1, plus the retries."""
+    manual: bool = False
+    """Asked for by hand (trigger, the CLI), not by the schedule."""
 
 
 @runtime_checkable
@@ -67,9 +72,12 @@ class Store(Protocol):
     async def close(self) -> None:
         """Forget this instance (graceful stop) and free what open() took."""
 
-    async def claim(self, wanted: Sequence[tuple[str, float]]) -> Mapping[str, int | Exception]:
+    async def claim(
+        self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
+    ) -> Mapping[str, int | Exception]:
         """Claim each ``(job, tick)``, all in one go (the scheduler asks once per
-        instant for every job due then).
+        instant for every job due then). A job paused in the store is not
+        claimed, unless ``manual`` (an operator asked for the run).
 
         Returns, by job, the new fence of each claim made; a job that is missing
         is held elsewhere (or its tick is not newer than its last); an exception
@@ -81,7 +89,8 @@ class Store(Protocol):
         """Extend the lease of the claim ``fence``; False if it is not ours any more."""
 
     async def release(self, ended: Sequence[Ended]) -> Mapping[str, Exception]:
-        """Record how the runs of these claims ended and free their leases.
+        """Record how the runs of these claims ended (and in the run history, in
+        the same round trip) and free their leases.
 
         Returns the failures of single rows, by job (the others went through);
         raises when the store cannot be reached at all. Releasing a claim that is
@@ -96,3 +105,20 @@ class Store(Protocol):
 
     async def read(self) -> ClusterView:
         """The cluster-wide view for the status page."""
+
+    async def pause(self, job: str, until: float | None) -> None:
+        """Pause ``job`` for every instance until ``until`` (None: until resumed)."""
+
+    async def resume(self, job: str) -> None:
+        """Resume ``job`` for every instance (also a job declared paused)."""
+
+    async def pauses(self) -> Mapping[str, float]:
+        """Each job an operator paused or resumed: paused until this instant
+        (``math.inf``: until resumed; 0 or a past instant: not paused). A job
+        not listed keeps its declared default."""
+
+    async def runs(self, job: str, limit: int) -> list[RunRecord]:
+        """The last ``limit`` runs of ``job`` across instances, newest first."""
+
+    async def prune(self) -> None:
+        """Apply the run history's retention (the scheduler calls it now and then)."""

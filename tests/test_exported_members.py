@@ -27,13 +27,17 @@ def test_exported_members() -> None:
         "JobStatus",
         "LeaseLostError",
         "LoopClock",
+        "NotRunningError",
         "Outcome",
+        "PauseState",
+        "RunRecord",
         "RunResult",
         "Schedule",
         "Scheduler",
         "Store",
         "StoreError",
         "SystemClock",
+        "TriggeredRun",
     }
     public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
     assert public - {"stores"} == set(fastapi_jobs.__all__)  # nothing else leaks

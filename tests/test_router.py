@@ -30,6 +30,9 @@ FIELDS = {
     "skipped_ticks",
     "skipped",
     "claims",
+    "paused",
+    "paused_until",
+    "retries",
     "cluster",
 }
 

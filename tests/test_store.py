@@ -208,7 +208,7 @@ async def test_close_removes_the_instance_row(database_url: str) -> None:
 async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
     database_url: str,
 ) -> None:
-    """Only the store's two tables are created; a user table of a similar name is left alone."""
+    """Only the store's tables are created; a user table of a similar name is left alone."""
     engine = create_async_engine(database_url)
     async with engine.begin() as conn:
         await conn.execute(sa.text("CREATE TABLE claims (job TEXT, note TEXT)"))
@@ -218,7 +218,13 @@ async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
         async with engine.connect() as conn:
             names = await conn.run_sync(lambda c: sorted(sa.inspect(c).get_table_names()))
             rows = (await conn.execute(sa.text("SELECT job, note FROM claims"))).all()
-    assert names == ["claims", "fastapi_jobs_claims", "fastapi_jobs_instances"]
+    assert names == [
+        "claims",
+        "fastapi_jobs_claims",
+        "fastapi_jobs_instances",
+        "fastapi_jobs_pauses",
+        "fastapi_jobs_runs",
+    ]
     assert [tuple(r) for r in rows] == [("mine", "keep me")]
 
 

@@ -3,6 +3,10 @@
 - ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
   ``fence`` grows by one per claim; ``lease_until`` is NULL once released.
 - ``<prefix>instances``: one row per live app process, for the status page.
+- ``<prefix>pauses``: an operator's pause or resume of a job, for every instance
+  and across restarts (no row: the job's declared default).
+- ``<prefix>runs``: the run history, one row per released claim, written by the
+  release's own statement and pruned in the background.
 
 Every time comparison uses the database's clock (``db_now()``); the app's clock
 only computes ticks, which are the same in every process. Times are stored as
@@ -14,26 +18,29 @@ Statements name every bind ``b_...``: the batch ones run as driver SQL
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.dialects.sqlite.base import SQLiteDialect
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.expression import FunctionElement
 
 from .._errors import ConfigurationError
 
 __all__ = [
     "Insert",
+    "Tables",
     "claim_statement",
     "db_now",
     "db_received",
     "ddl",
     "insert_for",
+    "prune_statements",
     "release_statement",
+    "released_runs_statement",
     "single_statements",
     "tables",
 ]
@@ -86,8 +93,16 @@ def _sqlite_received(element: db_received, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(sa.bindparam("b_sent", type_=sa.Double), **kw))
 
 
-def tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
-    """The store's two tables, named with ``prefix``."""
+class Tables(NamedTuple):
+    metadata: sa.MetaData
+    claims: sa.Table
+    instances: sa.Table
+    pauses: sa.Table
+    runs: sa.Table
+
+
+def tables(prefix: str) -> Tables:
+    """The store's tables, named with ``prefix``."""
     metadata = sa.MetaData()
     claims = sa.Table(
         f"{prefix}claims",
@@ -112,7 +127,34 @@ def tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table]:
         sa.Column("started_at", sa.Double, nullable=False),
         sa.Column("seen_at", sa.Double, nullable=False),
     )
-    return metadata, claims, instances
+    pauses = sa.Table(
+        f"{prefix}pauses",
+        metadata,
+        sa.Column("job", sa.String(200), primary_key=True),
+        sa.Column("paused", sa.Boolean, nullable=False),
+        sa.Column("until", sa.Double, nullable=True),  # NULL: until resumed
+        sa.Column("changed_at", sa.Double, nullable=False),
+        sa.Column("changed_by", sa.String(200), nullable=False),
+    )
+    runs = sa.Table(
+        f"{prefix}runs",
+        metadata,
+        # INTEGER PRIMARY KEY is SQLite's rowid: it numbers rows by itself.
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+        sa.Column("job", sa.String(200), nullable=False),
+        sa.Column("fence", sa.BigInteger, nullable=False),
+        sa.Column("tick", sa.Double, nullable=False),
+        sa.Column("manual", sa.Boolean, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("started_at", sa.Double, nullable=False),
+        sa.Column("finished_at", sa.Double, nullable=False),
+        sa.Column("duration", sa.Double, nullable=True),
+        sa.Column("outcome", sa.String(20), nullable=False),
+        sa.Column("error", sa.Text, nullable=True),
+        sa.Column("instance", sa.String(200), nullable=False),
+        sa.Index(f"ix_{prefix}runs_job", "job", "id"),
+    )
+    return Tables(metadata, claims, instances, pauses, runs)
 
 
 def ddl(dialect: str, table_prefix: str) -> str:
@@ -123,11 +165,15 @@ def ddl(dialect: str, table_prefix: str) -> str:
     }
     if dialect not in dialects:
         raise ConfigurationError(f"ddl(): dialect is 'postgresql' or 'sqlite', not {dialect!r}")
-    metadata, _, _ = tables(table_prefix)
-    return "\n".join(
-        f"{str(CreateTable(table).compile(dialect=dialects[dialect])).strip()};\n"
-        for table in metadata.sorted_tables
-    )
+    metadata = tables(table_prefix).metadata
+    statements = []
+    for table in metadata.sorted_tables:
+        statements.append(str(CreateTable(table).compile(dialect=dialects[dialect])).strip())
+        statements.extend(
+            str(CreateIndex(index).compile(dialect=dialects[dialect])).strip()
+            for index in sorted(table.indexes, key=lambda index: str(index.name))
+        )
+    return "\n".join(f"{statement};\n" for statement in statements)
 
 
 def single_statements(claims: sa.Table, instances: sa.Table, insert: Insert) -> dict[str, Any]:
@@ -181,16 +227,33 @@ def _rows(name: str, columns: dict[str, Any], dialect: str) -> Any:
     return sa.select(*selected).select_from(source).cte(name)
 
 
-def claim_statement(claims: sa.Table, insert: Insert, dialect: str) -> Any:
+def claim_statement(
+    claims: sa.Table, pauses: sa.Table, insert: Insert, dialect: str, *, manual: bool = False
+) -> Any:
     """The claim of many jobs in one statement (rows as in ``_rows``); every
-    bind is a named one."""
-    c, now = claims, db_now()
+    bind is a named one. A paused job's tick is not claimed, unless ``manual``
+    (an operator asked for the run)."""
+    c, p, now = claims, pauses, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
     wanted = _rows("wanted", {"job": sa.String, "tick": sa.Double}, dialect)
     # Rows that may be claimed at all: the tick is not in the future on the
     # database's clock (a host whose clock jumped ahead must not move
     # `last_tick` past the ticks the others are about to claim), and the
     # statement did not wait past the timeout (its caller gave up).
+    conditions = [
+        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
+        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+    ]
+    if not manual:
+        # A pause taken on any instance holds from the next claim on: one
+        # primary-key probe per row, in the claim's own statement.
+        conditions.append(
+            ~sa.exists().where(
+                p.c.job == wanted.c.job,
+                p.c.paused == sa.true(),
+                sa.or_(p.c.until.is_(None), p.c.until > now),
+            )
+        )
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -198,10 +261,7 @@ def claim_statement(claims: sa.Table, insert: Insert, dialect: str) -> Any:
         sa.bindparam("b_owner", type_=sa.String),
         now + lease,
         now,
-    ).where(
-        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
-        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
-    )
+    ).where(*conditions)
     new = insert(c).from_select(
         ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
     )
@@ -230,22 +290,62 @@ def claim_statement(claims: sa.Table, insert: Insert, dialect: str) -> Any:
     return statement
 
 
-def release_statement(claims: sa.Table, dialect: str) -> Any:
+_ENDED = {
+    "job": sa.String,
+    "fence": sa.BigInteger,
+    "outcome": sa.String,
+    "error": sa.Text,
+    "duration": sa.Double,
+    "attempts": sa.Integer,
+    "manual": sa.Integer,
+}
+"""The columns of a release's rows (``fastapi_jobs.Ended``)."""
+
+
+def _history(runs: sa.Table, source: Any, owner: Any) -> Any:
+    """The history rows of released claims, from ``source`` (which has the
+    claim's columns and the release's)."""
+    return sa.insert(runs).from_select(
+        [
+            "job",
+            "fence",
+            "tick",
+            "manual",
+            "attempts",
+            "started_at",
+            "finished_at",
+            "duration",
+            "outcome",
+            "error",
+            "instance",
+        ],
+        sa.select(
+            source.c.job,
+            source.c.fence,
+            source.c.last_tick,
+            source.c.manual != sa.literal_column("0"),
+            source.c.attempts,
+            source.c.started_at,
+            source.c.finished_at,
+            source.c.duration,
+            source.c.outcome,
+            source.c.error,
+            owner,
+        ),
+    )
+
+
+def release_statement(claims: sa.Table, runs: sa.Table | None, dialect: str) -> Any:
     """The release of many claims in one statement (rows as in ``_rows``); every
-    bind is a named one."""
+    bind is a named one. On PostgreSQL with ``runs``, the same statement writes
+    the history rows (on SQLite, :func:`released_runs_statement` does, first)."""
     c = claims
-    columns = {
-        "job": sa.String,
-        "fence": sa.BigInteger,
-        "outcome": sa.String,
-        "error": sa.Text,
-        "duration": sa.Double,
-    }
-    v = _rows("ended", columns, dialect)
-    # Only the claim `fence` is released: a newer claim of the job is not.
+    v = _rows("ended", _ENDED, dialect)
+    # Only the claim `fence` is released, once: not a newer claim of the job,
+    # and a release sent again (its first reply lost) adds no history row.
     statement = (
         sa.update(c)
-        .where(c.c.job == v.c.job, c.c.fence == v.c.fence)
+        .where(c.c.job == v.c.job, c.c.fence == v.c.fence, c.c.finished_at.is_(None))
         .values(
             lease_until=sa.null(),
             finished_at=db_now(),
@@ -254,4 +354,63 @@ def release_statement(claims: sa.Table, dialect: str) -> Any:
             duration=v.c.duration,
         )
     )
-    return statement
+    if runs is None or dialect != "postgresql":
+        return statement
+    released = statement.returning(
+        c.c.job,
+        c.c.fence,
+        c.c.last_tick,
+        c.c.started_at,
+        c.c.finished_at,
+        c.c.owner,
+        v.c.outcome,
+        v.c.error,
+        v.c.duration,
+        v.c.attempts,
+        v.c.manual,
+    ).cte("released")
+    return _history(runs, released, released.c.owner)
+
+
+def released_runs_statement(claims: sa.Table, runs: sa.Table, dialect: str) -> Any:
+    """SQLite's history rows of a release (same ``b_rows``), sent just before
+    its update in the same connection: SQLite cannot insert from an UPDATE's
+    RETURNING in one statement. The rows still unreleased are the ones the
+    update is about to release."""
+    c = claims
+    v = _rows("ended", _ENDED, dialect)
+    source = (
+        sa.select(
+            c.c.job,
+            c.c.fence,
+            c.c.last_tick,
+            c.c.started_at,
+            db_now().label("finished_at"),
+            c.c.owner,
+            v.c.outcome,
+            v.c.error,
+            v.c.duration,
+            v.c.attempts,
+            v.c.manual,
+        )
+        .join_from(v, c, sa.and_(c.c.job == v.c.job, c.c.fence == v.c.fence))
+        .where(c.c.finished_at.is_(None))
+        .subquery("released")
+    )
+    return _history(runs, source, source.c.owner)
+
+
+def prune_statements(runs: sa.Table) -> list[Any]:
+    """The history's retention: rows older than ``b_before``, and each job's
+    rows past its newest ``b_keep``."""
+    ranked = sa.select(
+        runs.c.id,
+        sa.func.row_number().over(partition_by=runs.c.job, order_by=runs.c.id.desc()).label("n"),
+    ).subquery("ranked")
+    old = sa.delete(runs).where(runs.c.finished_at < sa.bindparam("b_before", type_=sa.Double))
+    extra = sa.delete(runs).where(
+        runs.c.id.in_(
+            sa.select(ranked.c.id).where(ranked.c.n > sa.bindparam("b_keep", type_=sa.Integer))
+        )
+    )
+    return [old, extra]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -25,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from .._checks import seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
-from .._status import ClusterJobStatus, ClusterView, InstanceStatus, utc
+from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord, utc
 from .._store import Ended, Instance
 from . import _schema
 from ._batches import MAX_ROWS, Compiled, each_row_alone_on_error
@@ -45,6 +46,8 @@ T = TypeVar("T")
 _FUTURE_MARGIN = 1.0
 # A batch's rows go to the database as one JSON array (see _schema._rows).
 _json = json.JSONEncoder(allow_nan=False).encode
+# Runs kept per job in the history table, at most.
+_MAX_HISTORY = 100_000
 # Creating the tables may wait for other workers doing the same at startup.
 _DDL_TIMEOUT = 30.0
 # A lease is what a killed holder costs its job; renewals keep long runs going,
@@ -59,6 +62,13 @@ def _chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
     opposite orders (no deadlock)."""
     ordered = sorted(rows, key=lambda row: row[0])
     return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
+
+
+def _paused_until(paused: bool, until: float | None) -> float:
+    """A pauses row as ``Store.pauses`` gives it."""
+    if not paused:
+        return 0.0
+    return math.inf if until is None else float(until)
 
 
 def _in_memory(url: sa.URL) -> bool:
@@ -87,8 +97,13 @@ class SQLAlchemyStore:
     Each tick of each job then runs at most once across all instances that
     share the database, while leases are honoured: a run renews its lease
     every ``lease / 3`` and is cancelled if it cannot. The tables
-    (``fastapi_jobs_claims``, ``fastapi_jobs_instances``) are created on first
-    use unless ``create_tables=False``; :meth:`ddl` prints their DDL.
+    (``fastapi_jobs_claims``, ``_instances``, ``_pauses``, ``_runs``) are
+    created on first use unless ``create_tables=False``; :meth:`ddl` prints
+    their DDL.
+
+    The run history keeps the last ``history`` runs of each job (0: none) for
+    at most ``history_max_age``; it is written by the release's own round trip
+    and pruned in the background, never per run.
 
     Drivers: asyncpg or psycopg for PostgreSQL, aiosqlite for SQLite (3.35+:
     a file shared by the workers of one host).
@@ -103,6 +118,8 @@ class SQLAlchemyStore:
         heartbeat: float | timedelta = 10,
         table_prefix: str = "fastapi_jobs_",
         create_tables: bool = True,
+        history: int = 100,
+        history_max_age: float | timedelta = timedelta(days=30),
     ) -> None:
         if not (isinstance(engine, (AsyncEngine, str)) or callable(engine)):
             raise ConfigurationError(
@@ -130,9 +147,26 @@ class SQLAlchemyStore:
                 f"SQLAlchemyStore: timeout ({self.timeout:g}s) must be shorter than a third "
                 f"of the lease ({self.lease:g}s), so a renewal can fail and be retried in time"
             )
+        if (
+            not isinstance(history, int)
+            or isinstance(history, bool)
+            or not (0 <= history <= _MAX_HISTORY)
+        ):
+            raise ConfigurationError(
+                f"SQLAlchemyStore(): history={history!r}: the runs kept per job, a whole "
+                f"number from 0 (no history) to {_MAX_HISTORY}"
+            )
+        self.history = history
+        self.history_max_age = seconds("history_max_age", history_max_age, context=said)
         self._source = engine
         self._create_tables = create_tables
-        self.metadata, self.claims, self.instances = _schema.tables(table_prefix)
+        tables = _schema.tables(table_prefix)
+        self.metadata, self.claims, self.instances = (
+            tables.metadata,
+            tables.claims,
+            tables.instances,
+        )
+        self.pauses_table, self.runs_table = tables.pauses, tables.runs
         self._engine: AsyncEngine | None = None
         self._owned: AsyncEngine | None = None
         self._instance: Instance | None = None
@@ -217,12 +251,15 @@ class SQLAlchemyStore:
 
     # -- claims -----------------------------------------------------------
 
-    async def claim(self, wanted: Sequence[tuple[str, float]]) -> dict[str, int | Exception]:
+    async def claim(
+        self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
+    ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
         thousand rows); see :meth:`fastapi_jobs.Store.claim`."""
         if not wanted:
             return {}
-        sent = self._spawn(self._in_connection(partial(self._claim_all, _chunks(wanted))))
+        kind = "claim_manual" if manual else "claim"
+        sent = self._spawn(self._in_connection(partial(self._claim_all, kind, _chunks(wanted))))
         try:
             return await asyncio.shield(sent)
         except BaseException:
@@ -244,7 +281,7 @@ class SQLAlchemyStore:
             self._spawn(self.release(ended))
 
     async def _claim_all(
-        self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
+        self, kind: str, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
     ) -> dict[str, int | Exception]:
         fences: dict[str, int | Exception] = {}
 
@@ -257,7 +294,7 @@ class SQLAlchemyStore:
                 "b_sent": time.time(),
             }
             params["b_rows"] = _json(rows)
-            result = await self._compiled.execute(conn, "claim", params)
+            result = await self._compiled.execute(conn, kind, params)
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
 
@@ -275,7 +312,10 @@ class SQLAlchemyStore:
         :meth:`fastapi_jobs.Store.release`."""
         if not ended:
             return {}
-        rows = [(e.job, (e.fence, e.outcome, e.error, e.duration)) for e in ended]
+        rows = [
+            (e.job, (e.fence, e.outcome, e.error, e.duration, e.attempts, int(e.manual)))
+            for e in ended
+        ]
         failed = await self._run(partial(self._release_all, _chunks(rows)))
         return {job: error for job, error in failed.items() if isinstance(error, Exception)}
 
@@ -286,6 +326,8 @@ class SQLAlchemyStore:
 
         async def release_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {"b_rows": _json([(job, *ended) for job, ended in rows])}
+            if self.history and self._dialect == "sqlite":
+                await self._compiled.execute(conn, "released_runs", params)
             await self._compiled.execute(conn, "release", params)
 
         for chunk in chunks:
@@ -312,17 +354,21 @@ class SQLAlchemyStore:
     async def read(self) -> ClusterView:
         c, i = self.claims, self.instances
 
-        async def query(conn: AsyncConnection) -> tuple[Any, Any, Any]:
+        p = self.pauses_table
+
+        async def query(conn: AsyncConnection) -> tuple[Any, Any, Any, Any]:
             now = (await conn.execute(sa.select(db_now()))).scalar_one()
             rows = (await conn.execute(sa.select(c))).mappings().all()
             # Instances count as live for three missed heartbeats.
             live = await conn.execute(
                 sa.select(i).where(i.c.seen_at > now - 3 * self.heartbeat).order_by(i.c.started_at)
             )
-            return now, rows, live.mappings().all()
+            pauses = await conn.execute(sa.select(p.c.job, p.c.paused, p.c.until))
+            return now, rows, live.mappings().all(), pauses.all()
 
-        now, rows, live = await self._run(query)
+        now, rows, live, pauses = await self._run(query)
         return ClusterView(
+            pauses={job: _paused_until(paused, until) for job, paused, until in pauses},
             jobs={
                 row["job"]: ClusterJobStatus(
                     last_tick=utc(row["last_tick"]),
@@ -350,6 +396,69 @@ class SQLAlchemyStore:
                 for row in live
             ],
         )
+
+    # -- operators: pauses and history -------------------------------------
+
+    async def pause(self, job: str, until: float | None) -> None:
+        await self._set_pause(job, paused=True, until=until)
+
+    async def resume(self, job: str) -> None:
+        await self._set_pause(job, paused=False, until=None)
+
+    async def _set_pause(self, job: str, *, paused: bool, until: float | None) -> None:
+        p = self.pauses_table
+        row = self._insert(p).values(
+            job=job, paused=paused, until=until, changed_at=db_now(), changed_by=self._owner
+        )
+        upsert = row.on_conflict_do_update(
+            index_elements=[p.c.job],
+            set_={
+                "paused": row.excluded.paused,
+                "until": row.excluded.until,
+                "changed_at": row.excluded.changed_at,
+                "changed_by": row.excluded.changed_by,
+            },
+        )
+        await self._run(lambda conn: conn.execute(upsert))
+
+    async def pauses(self) -> dict[str, float]:
+        p = self.pauses_table
+        rows = await self._run(lambda conn: conn.execute(sa.select(p.c.job, p.c.paused, p.c.until)))
+        return {job: _paused_until(paused, until) for job, paused, until in rows.all()}
+
+    async def runs(self, job: str, limit: int) -> list[RunRecord]:
+        r = self.runs_table
+        query = sa.select(r).where(r.c.job == job).order_by(r.c.id.desc()).limit(limit)
+        rows = await self._run(lambda conn: conn.execute(query))
+        return [
+            RunRecord(
+                id=str(row["fence"]),
+                job=row["job"],
+                tick=utc(row["tick"]),
+                manual=bool(row["manual"]),
+                attempts=row["attempts"],
+                started_at=utc(row["started_at"]),
+                finished_at=utc(row["finished_at"]),
+                duration_s=row["duration"],
+                outcome=row["outcome"],
+                error=ErrorInfo.parse(row["error"]),
+                instance=row["instance"],
+                fence=row["fence"],
+            )
+            for row in rows.mappings().all()
+        ]
+
+    async def prune(self) -> None:
+        if not self.history:
+            return
+        old, extra = _schema.prune_statements(self.runs_table)
+
+        async def prune(conn: AsyncConnection) -> None:
+            before = (await conn.execute(sa.select(db_now()))).scalar_one() - self.history_max_age
+            await conn.execute(old, {"b_before": before})
+            await conn.execute(extra, {"b_keep": self.history})
+
+        await self._run(prune)
 
     # -- fencing, for the jobs' own writes ---------------------------------
 
@@ -442,12 +551,19 @@ class SQLAlchemyStore:
             self._ready = True
 
     def _batch_statement(self, kind: str) -> Any:
-        if kind == "claim":
-            return _schema.claim_statement(self.claims, self._insert, self._dialect)
-        return _schema.release_statement(self.claims, self._dialect)
+        if kind in ("claim", "claim_manual"):
+            manual = kind == "claim_manual"
+            return _schema.claim_statement(
+                self.claims, self.pauses_table, self._insert, self._dialect, manual=manual
+            )
+        runs = self.runs_table if self.history else None
+        if kind == "released_runs":
+            assert runs is not None
+            return _schema.released_runs_statement(self.claims, runs, self._dialect)
+        return _schema.release_statement(self.claims, runs, self._dialect)
 
     async def _ensure_tables(self, conn: AsyncConnection) -> None:
-        names = [self.claims.name, self.instances.name]
+        names = [t.name for t in self.metadata.sorted_tables]
 
         def check(sync_conn: sa.Connection) -> list[str]:
             inspector = sa.inspect(sync_conn)

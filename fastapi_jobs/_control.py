@@ -1,0 +1,115 @@
+"""Operating jobs by hand: what a trigger returns, and the checks of what
+operators pass (a pause's end, a history's length).
+
+The operations themselves are :class:`~fastapi_jobs.Scheduler` methods
+(``trigger``, ``pause``, ``resume``, ``runs``); the HTTP endpoints that call
+them are in ``_router``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ._errors import ConfigurationError, short
+from ._runner import Manual, Record, RunResult
+from ._status import ErrorInfo, RunRecord, utc
+
+__all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until", "records"]
+
+MAX_RUNS = 1000
+"""The most runs ``runs()`` / ``GET /jobs/{name}/runs`` return at once."""
+
+
+@dataclass(frozen=True)
+class TriggeredRun:
+    """A run asked for with :meth:`Scheduler.trigger`: started, maybe not ended."""
+
+    name: str
+    id: str
+    """The run's id in the history (``GET /jobs/{name}/runs``)."""
+    tick: datetime
+    """The instant the run was asked for (``ctx.tick``)."""
+    instance: str
+    """The instance that runs it."""
+    _manual: Manual = field(repr=False, compare=False)
+
+    @property
+    def done(self) -> bool:
+        return self._manual.done.is_set()
+
+    async def wait(self) -> RunResult | None:
+        """Wait for the run to end: how it ended, or None if it never ran to
+        an end here (the app stopped first, or its lease was lost)."""
+        await self._manual.done.wait()
+        ran = self._manual.ran
+        if ran is None:
+            return None
+        return RunResult(
+            name=self.name,
+            outcome=ran.outcome,
+            tick=self.tick,
+            duration_s=ran.duration,
+            error=ran.error,
+            attempts=ran.attempts,
+        )
+
+
+def check_until(until: object, now: float) -> float | None:
+    """A pause's end as POSIX seconds (None: until resumed), or why not."""
+    if until is None:
+        return None
+    if not isinstance(until, datetime):
+        raise ConfigurationError(
+            f"until={short(until)}: pass an aware datetime (e.g. "
+            "datetime.now(UTC) + timedelta(hours=2)), or None to pause until resumed"
+        )
+    if until.tzinfo is None or until.utcoffset() is None:
+        raise ConfigurationError(
+            f"until={until.isoformat()} has no time zone: give one (UTC, or an offset "
+            "such as 2026-12-01T08:00:00+00:00), so every instance reads it alike"
+        )
+    ts = until.timestamp()
+    if ts <= now:
+        shown = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
+        raise ConfigurationError(
+            f"until={until.isoformat()} is not in the future (now is {shown}): a pause's "
+            "end must come after now; resume the job instead"
+        )
+    return ts
+
+
+def check_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RUNS:
+        raise ConfigurationError(
+            f"limit={short(limit)}: must be a whole number from 1 to {MAX_RUNS}"
+        )
+    return limit
+
+
+def run_id(instance: str, seq: int, fence: int | None) -> str:
+    """A run's id: its claim's fence with a store, else ``instance#n``."""
+    return str(fence) if fence is not None else f"{instance}#{seq}"
+
+
+def records(name: str, instance: str, history: Iterable[Record], limit: int) -> list[RunRecord]:
+    """This process's remembered runs of ``name``, newest first."""
+    newest = sorted(history, key=lambda record: record.seq, reverse=True)[:limit]
+    return [
+        RunRecord(
+            id=run_id(instance, r.seq, r.fence),
+            job=name,
+            tick=utc(r.tick),
+            manual=r.manual,
+            attempts=r.attempts,
+            started_at=utc(r.started),
+            finished_at=utc(r.finished),
+            duration_s=r.duration,
+            outcome=r.outcome,
+            error=None if r.error is None else ErrorInfo.of(r.error),
+            instance=instance,
+            fence=r.fence,
+        )
+        for r in newest
+    ]
