@@ -54,7 +54,12 @@ class JobRunningError(FastAPIJobsError):
     """Raised when a job is asked to run now while a run of it is still going."""
 
     def __init__(
-        self, name: str, started_at: datetime | None = None, instance: str | None = None
+        self,
+        name: str,
+        started_at: datetime | None = None,
+        instance: str | None = None,
+        *,
+        message: str | None = None,
     ) -> None:
         self.name = name
         self.started_at = started_at
@@ -64,7 +69,8 @@ class JobRunningError(FastAPIJobsError):
         where = "" if instance is None else f" on {instance}"
         since = "" if started_at is None else f" since {started_at.isoformat(timespec='seconds')}"
         super().__init__(
-            f"job {name!r} is running{where}{since}; wait for the run to finish and ask again"
+            message
+            or f"job {name!r} is running{where}{since}; wait for the run to finish and ask again"
         )
 
 

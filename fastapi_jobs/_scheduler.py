@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -270,14 +270,17 @@ class Scheduler:
         Enters the app's own lifespan, then starts the jobs with its state;
         on the way out, drains the jobs before the app's resources close.
         """
-        async with AsyncExitStack() as stack:
-            state: Mapping[str, Any] | None = None
-            if self._app_lifespan is not None:
-                state = await stack.enter_async_context(self._app_lifespan(app))
-            if state is None:
-                state = {}
-            async with self.running(state):
-                yield state
+        async with self._app_state(app) as state, self.running(state):
+            yield state
+
+    @asynccontextmanager
+    async def _app_state(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
+        """The app's own lifespan (``lifespan=``) entered: what it yields."""
+        if self._app_lifespan is None:
+            yield {}
+            return
+        async with self._app_lifespan(app) as state:
+            yield {} if state is None else state
 
     @asynccontextmanager
     async def running(
@@ -480,6 +483,15 @@ class Scheduler:
         Raises :class:`JobNotFoundError`, :class:`JobRunningError`, and
         :class:`StoreError` when the store cannot be reached (nothing ran).
         """
+        triggered = await self._start(name, self._ticking_clock.now(), by_hand=True)
+        if wait:
+            await triggered.wait()
+        return triggered
+
+    async def _start(self, name: str, tick: float, *, by_hand: bool) -> TriggeredRun:
+        """Start a run of ``name`` for ``tick`` in its task (claimed first, with a
+        store). ``by_hand``: the claim ignores a pause (else a paused job's claim
+        is refused, as a tick's is)."""
         runner = self._runner(name)
         if self._state is None or runner.stopping:
             raise NotRunningError(
@@ -488,7 +500,6 @@ class Scheduler:
             )
         if runner.busy:
             raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
-        tick = self._ticking_clock.now()
         manual = Manual(tick)
         runner.in_flight = True  # no scheduled tick starts here meanwhile
         fence: int | None = None
@@ -497,7 +508,7 @@ class Scheduler:
             assert claims is not None
             claimed_at = anyio.current_time()
             try:
-                fences = await claims.claim([(name, tick)], manual=True)
+                fences = await claims.claim([(name, tick)], manual=by_hand)
             finally:
                 runner.in_flight = False
             got = None if fences is None else fences.get(name)
@@ -507,7 +518,7 @@ class Scheduler:
                         f"cannot trigger {name!r}: the store could not be reached or "
                         f"refused the claim ({got!r}); nothing ran"
                     )
-                raise await self._running_elsewhere(name)
+                raise await self._held_elsewhere(name, tick)
             if runner.busy or runner.stopping:  # a tick came while we claimed
                 claims.release_soon(Ended(name, got, "cancelled", "not run: busy", 0.0, 1, True))
                 raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
@@ -523,17 +534,32 @@ class Scheduler:
             instance=self.instance.id,
             _manual=manual,
         )
-        if wait:
-            await triggered.wait()
         return triggered
 
-    async def _running_elsewhere(self, name: str) -> JobRunningError:
-        """Why a manual claim was refused: the job's lease is held (by whom, since when)."""
+    async def _held_elsewhere(self, name: str, tick: float) -> JobRunningError:
+        """Why a claim was refused: the job's lease is held (by whom, since when),
+        or (for a claim that heeds pauses) it is paused, or its tick was claimed."""
         view = await self.cluster()
         held = None if view is None else view.jobs.get(name)
-        if held is None:
-            return JobRunningError(name)
-        return JobRunningError(name, held.last_started_at, held.running_on or held.last_instance)
+        if held is not None and held.running_on is not None:
+            return JobRunningError(name, held.last_started_at, held.running_on)
+        if view is not None and view.pauses.get(name, 0.0) > self._ticking_clock.now():
+            return JobRunningError(name, message=f"job {name!r} is paused in the store")
+        if held is not None and held.last_tick is not None and held.last_tick >= utc(tick):  # type: ignore[operator]
+            return JobRunningError(
+                name,
+                message=f"the tick {utc(tick)} of job {name!r} was claimed already, by "
+                f"{held.last_instance} (outcome: {held.last_outcome})",
+            )
+        return JobRunningError(name, message=f"job {name!r}: its claim was refused")
+
+    async def _run_current_tick(self, name: str) -> RunResult | None:
+        """Claim the job's current tick (the latest due) and run it here: what
+        ``fastapi-jobs run`` does. :class:`JobRunningError` if it is taken."""
+        runner = self._runner(name)
+        tick = runner.job.schedule.last_at_or_before(self._ticking_clock.now())
+        triggered = await self._start(name, tick, by_hand=False)
+        return await triggered.wait()
 
     async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
         """Skip the ticks of ``name`` (counted as ``skipped.paused``) until

@@ -46,6 +46,7 @@ T = TypeVar("T")
 _FUTURE_MARGIN = 1.0
 # A batch's rows go to the database as one JSON array (see _schema._rows).
 _json = json.JSONEncoder(allow_nan=False).encode
+_NOT_OPEN = "the store is not open: it opens when the scheduler starts"
 # Runs kept per job in the history table, at most.
 _MAX_HISTORY = 100_000
 # Creating the tables may wait for other workers doing the same at startup.
@@ -490,7 +491,8 @@ class SQLAlchemyStore:
 
     @property
     def _owner(self) -> str:
-        assert self._instance is not None
+        if self._instance is None:
+            raise StoreError(_NOT_OPEN)
         return self._instance.id
 
     async def _run(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
@@ -509,7 +511,7 @@ class SQLAlchemyStore:
     def _spawn(self, operation: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         if self._engine is None:
             operation.close()
-            raise StoreError("the store is not open: it opens when the scheduler starts")
+            raise StoreError(_NOT_OPEN)
         task = asyncio.get_running_loop().create_task(operation)
         self._in_flight.add(task)
         task.add_done_callback(self._settled)

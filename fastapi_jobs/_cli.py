@@ -1,0 +1,288 @@
+"""The ``fastapi-jobs`` command (also ``python -m fastapi_jobs``): list an app's
+jobs, show a cron expression's next run times, run a job once from outside
+(a Kubernetes CronJob, a host's crontab, a human).
+
+Exit codes of ``run``: 0 the run ended ok; 1 it failed or timed out (or the
+store could not be reached); 2 a usage error (unknown job, a target that is not
+found); 3 the tick was claimed elsewhere (an app instance runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError, JobRunningError
+from ._logging import FORMAT
+from ._runner import RunResult
+from ._scheduler import Scheduler
+from ._schedules import Cron
+
+__all__ = ["main"]
+
+OK, FAILED, USAGE, CLAIMED_ELSEWHERE = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A mistake in what was asked: exit 2 with this message."""
+
+
+_TARGET_HELP = (
+    "MODULE:ATTR naming the Scheduler (app.main:scheduler) or the FastAPI app whose "
+    "lifespan is scheduler.lifespan (app.main:app); run from the directory the app is "
+    "imported from, as for uvicorn"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="fastapi-jobs",
+        description="Look at and run the jobs of a fastapi_jobs app from outside it.",
+        epilog="examples:\n"
+        "  fastapi-jobs list app.main:scheduler\n"
+        '  fastapi-jobs next "0 7 * * mon-fri" --tz Europe/Lisbon -n 5\n'
+        "  fastapi-jobs run app.main:scheduler send_digest",
+        formatter_class=formatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser(
+        "list",
+        help="each job: its schedule, next run times, claimed or not, paused or not",
+        description="List the jobs of an app: schedule in words, the next run times "
+        "(local and UTC), whether ticks are claimed in a store, whether paused (with a "
+        "store, as the store has it: the app's lifespan is entered to reach it).",
+        epilog="example:\n  fastapi-jobs list app.main:scheduler -n 3",
+        formatter_class=formatter,
+    )
+    listing.add_argument("target", help=_TARGET_HELP)
+    listing.add_argument("-n", type=int, default=3, help="run times per job (default 3)")
+
+    nxt = commands.add_parser(
+        "next",
+        help="the next run times of a cron expression",
+        description="Print the next run times of a cron expression, in its time zone and UTC.",
+        epilog='example:\n  fastapi-jobs next "0 7 * * mon-fri" --tz Europe/Lisbon -n 5',
+        formatter_class=formatter,
+    )
+    nxt.add_argument("expr", help='a cron expression, e.g. "*/15 * * * *" or "@daily"')
+    nxt.add_argument("--tz", default="UTC", help="an IANA time zone (default UTC)")
+    nxt.add_argument("-n", type=int, default=5, help="how many (default 5)")
+
+    run = commands.add_parser(
+        "run",
+        help="run one job once, as the app would (claiming the current tick)",
+        description="Enter the app's own lifespan (Scheduler(lifespan=...)) for its state, "
+        "and run the job once. With a store, the job's current tick is claimed first, so "
+        "that an app instance does not run it too. Exit 0 ok, 1 failed or timed out, "
+        "2 usage error, 3 the tick was claimed elsewhere (or the job is paused).",
+        epilog="examples:\n"
+        "  fastapi-jobs run app.main:scheduler send_digest\n"
+        "  fastapi-jobs run app.main:app send_digest --force   # whatever the claims say",
+        formatter_class=formatter,
+    )
+    run.add_argument("target", help=_TARGET_HELP)
+    run.add_argument("job", help="the job's name")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run without claiming the tick (even if an instance runs it, or it is paused)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit code."""
+    args = _parser().parse_args(argv)  # exits 2 on a usage error, 0 on --help
+    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr)
+    try:
+        if args.command == "next":
+            return _next(args.expr, args.tz, args.n)
+        scheduler, app = load(args.target)
+        if args.command == "list":
+            return anyio.run(_list, scheduler, app, _count(args.n))
+        return anyio.run(_run, scheduler, app, args.job, args.force)
+    except UsageError as exc:
+        print(f"fastapi-jobs: error: {exc}", file=sys.stderr)
+        return USAGE
+
+
+def _count(n: int) -> int:
+    if not 1 <= n <= 1000:
+        raise UsageError(f"-n {n}: must be from 1 to 1000")
+    return n
+
+
+def _next(expr: str, tz: str, n: int) -> int:
+    try:
+        cron = Cron(expr, tz=tz)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    print(cron.describe())
+    ts = datetime.now(UTC).timestamp()
+    for _ in range(_count(n)):
+        ts = cron.next_after(ts)
+        print(_when(ts, cron.tz))
+    return OK
+
+
+def _when(ts: float, tz: Any = None) -> str:
+    at = datetime.fromtimestamp(ts, UTC)
+    local = at.astimezone(tz)  # tz None: this machine's zone
+    shown = f"{local:%Y-%m-%d %H:%M:%S %Z}"
+    return (
+        shown if local.utcoffset() == at.utcoffset() else f"{shown}  ({at:%Y-%m-%d %H:%M:%S} UTC)"
+    )
+
+
+# -- finding the scheduler ------------------------------------------------------
+
+
+def load(target: str) -> tuple[Scheduler, Any]:
+    """The scheduler ``target`` names, and the app to give its lifespan (or None)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{target!r} is not MODULE:ATTR ({_TARGET_HELP})")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as uvicorn does: the app's own package
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+        raise  # the app's own import failed: its traceback says why
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
+        found = getattr(found, part)
+    if isinstance(found, Scheduler):
+        apps = [v for v in vars(module).values() if _scheduler_of(v) is found]
+        return found, apps[0] if apps else None
+    scheduler = _scheduler_of(found)
+    if scheduler is None:
+        raise UsageError(
+            f"{target} is a {type(found).__name__}, and no Scheduler was found from it: "
+            "name the Scheduler (MODULE:scheduler), or an app built with "
+            "FastAPI(lifespan=scheduler.lifespan) or holding app.state.scheduler"
+        )
+    return scheduler, found
+
+
+def _scheduler_of(app: object) -> Scheduler | None:
+    """The scheduler of a FastAPI/Starlette app: its lifespan's, or app.state.scheduler."""
+    router = getattr(app, "router", None)
+    found = _lifespan_owner(getattr(router, "lifespan_context", None), depth=0)
+    if found is not None:
+        return found
+    state = getattr(app, "state", None)
+    held = getattr(state, "scheduler", None) if state is not None else None
+    return held if isinstance(held, Scheduler) else None
+
+
+def _lifespan_owner(lifespan: object, depth: int) -> Scheduler | None:
+    """The Scheduler whose ``lifespan`` this is, looking through the wrappers
+    FastAPI puts around it (``include_router`` merges routers' lifespans into
+    closures)."""
+    owner = getattr(lifespan, "__self__", None)
+    if isinstance(owner, Scheduler):
+        return owner
+    if depth > 5:
+        return None
+    inner: list[object] = [getattr(lifespan, "__wrapped__", None)]
+    for cell in getattr(lifespan, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for candidate in inner:
+        if callable(candidate):
+            found = _lifespan_owner(candidate, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+# -- list and run -----------------------------------------------------------------
+
+
+async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
+    pauses: Mapping[str, float] | None = None
+    if scheduler.store is not None:
+        pauses = await _store_pauses(scheduler, app)
+    now = datetime.now(UTC).timestamp()
+    for name, job in scheduler.jobs.items():
+        runner = scheduler._runner(name)
+        if runner.store is not None:
+            where = "claimed in the store (one instance per tick)"
+        elif job.every_instance:
+            where = "every instance"
+        else:
+            where = "every process (no store)"
+        until = None if pauses is None else pauses.get(name)
+        if until is None:
+            until = float("inf") if job.paused else 0.0
+        paused = "paused" if until > now else "not paused"
+        if now < until < float("inf"):
+            paused += f" until {_when(until)}"
+        if pauses is None and scheduler.store is not None:
+            paused += " (as declared: the store could not be read)"
+        print(f"{name}\n  {job.schedule.describe()}\n  {where}; {paused}")
+        ts = now
+        try:
+            for _ in range(n):
+                ts = job.schedule.next_after(ts)
+                print(f"  next: {_when(ts)}")
+        except Exception as exc:  # noqa: BLE001 - a user's schedule
+            print(f"  next: its schedule fails: {exc!r}")
+    return OK
+
+
+async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] | None:
+    store = scheduler.store
+    assert store is not None
+    try:
+        async with AsyncExitStack() as stack:
+            state = await stack.enter_async_context(scheduler._app_state(app))
+            await store.open(state, scheduler.instance)
+            stack.push_async_callback(store.close)
+            with anyio.fail_after(store.timeout):
+                return await store.pauses()
+    except Exception as exc:  # noqa: BLE001 - list what is declared instead
+        scheduler.logger.warning("cannot read the store's pauses: %r", exc)
+        return None
+
+
+async def _run(scheduler: Scheduler, app: Any, name: str, force: bool) -> int:
+    if name not in scheduler.jobs:
+        raise UsageError(str(JobNotFoundError(name, list(scheduler.jobs))))
+    logger = scheduler.logger
+    async with scheduler._app_state(app) as state:
+        result: RunResult | None
+        if force or scheduler.store is None or scheduler.jobs[name].every_instance:
+            result = await scheduler.run_now(name, state=state)
+        else:
+            async with scheduler.running(state, ticking=False):
+                try:
+                    result = await scheduler._run_current_tick(name)
+                except JobRunningError as exc:
+                    logger.error("not run: %s", exc)
+                    return CLAIMED_ELSEWHERE
+                except FastAPIJobsError as exc:
+                    logger.error("not run: %s", exc)
+                    return FAILED
+    if result is None:
+        logger.error("job %r did not run to its end (its lease was lost)", name)
+        return FAILED
+    logger.info("job %r: %s in %.3fs", name, result.outcome, result.duration_s)
+    return OK if result.ok else FAILED

@@ -1,0 +1,124 @@
+"""The store's side of operating jobs, on every backend: pauses that claims
+obey, manual claims that ignore them, the run history written by the release,
+and its retention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sqlalchemy as sa
+
+from fastapi_jobs import Ended, StoreError
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import claim1
+from .test_store import opened
+
+NOW = 1_000.0  # ticks far in the database clock's past: claimable
+
+
+async def test_a_paused_job_is_not_claimed_until_resumed_and_a_manual_claim_ignores_it(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, _):
+        await store.pause("digest", None)
+        assert await store.pauses() == {"digest": math.inf}
+        assert await claim1(store, "digest", NOW) is None  # the scheduled claim is refused
+        assert await claim1(store, "other", NOW) == 1  # other jobs are not
+        fence = (await store.claim([("digest", NOW + 1)], manual=True))["digest"]
+        assert fence == 1
+        await store.release([Ended("digest", 1, "ok", None, 0.5, 1, True)])
+        await store.resume("digest")
+        assert await store.pauses() == {"digest": 0.0}  # resumed: kept, overrides a default
+        assert await claim1(store, "digest", NOW + 2) == 2
+
+
+async def test_a_pause_with_an_end_holds_until_then_on_the_databases_clock(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, _):
+        await store.pause("digest", 1.0)  # ended long ago
+        assert await claim1(store, "digest", NOW) == 1
+        await store.release([Ended("digest", 1, "ok", None, 0.1)])
+        await store.pause("digest", 4_000_000_000.0)  # the year 2096
+        assert await store.pauses() == {"digest": 4_000_000_000.0}
+        assert await claim1(store, "digest", NOW + 1) is None
+
+
+async def test_release_writes_one_history_row_once_and_runs_reads_newest_first(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, _):
+        for n in range(1, 4):
+            fence = await claim1(store, "digest", NOW + n)
+            assert fence == n
+            ended = Ended("digest", n, "failed" if n == 2 else "ok", None, 0.25 * n, n, n == 3)
+            if n == 2:
+                ended = ended._replace(error="ConnectionError: smtp refused")
+            await store.release([ended])
+            await store.release([ended])  # sent again (its first reply lost): no second row
+        runs = await store.runs("digest", 10)
+        assert [r.fence for r in runs] == [3, 2, 1]
+        newest, failed, _ = runs
+        assert newest.manual is True and newest.attempts == 3 and newest.outcome == "ok"
+        assert newest.tick is not None and newest.tick.timestamp() == NOW + 3
+        assert newest.id == "3" and newest.duration_s == pytest.approx(0.75)
+        assert newest.instance == store._owner
+        assert newest.finished_at is not None and newest.started_at is not None
+        assert failed.error is not None and failed.error.type == "ConnectionError"
+        assert failed.error.message == "smtp refused"
+        assert [r.fence for r in await store.runs("digest", 1)] == [3]
+        assert await store.runs("nope", 5) == []
+
+
+async def test_a_release_of_a_superseded_claim_writes_no_history(database_url: str) -> None:
+    async with opened(database_url, lease=3, timeout=0.5) as (store, engine):
+        assert await claim1(store, "digest", NOW) == 1
+        async with engine.begin() as conn:  # the lease ran out; a peer claimed the job
+            await conn.execute(sa.text("UPDATE fastapi_jobs_claims SET lease_until = 0"))
+        assert await claim1(store, "digest", NOW + 1) == 2
+        await store.release([Ended("digest", 1, "ok", None, 0.1)])
+        assert await store.runs("digest", 10) == []
+
+
+async def test_history_is_pruned_by_count_per_job_and_by_age(database_url: str) -> None:
+    async with opened(database_url, history=3) as (store, engine):
+        for job in ("a", "b"):
+            for n in range(1, 6):
+                assert await claim1(store, job, NOW + n) == n
+                await store.release([Ended(job, n, "ok", None, 0.0)])
+        assert len(await store.runs("a", 100)) == 5  # kept until the background prune
+        await store.prune()
+        assert [r.fence for r in await store.runs("a", 100)] == [5, 4, 3]
+        assert [r.fence for r in await store.runs("b", 100)] == [5, 4, 3]
+        async with engine.begin() as conn:  # "b"'s rows are 60 days old
+            await conn.execute(
+                sa.text(
+                    "UPDATE fastapi_jobs_runs SET finished_at = finished_at - 5184000 "
+                    "WHERE job = 'b'"
+                )
+            )
+        await store.prune()
+        assert await store.runs("b", 100) == []
+        assert len(await store.runs("a", 100)) == 3
+
+
+async def test_history_zero_writes_no_history(database_url: str) -> None:
+    async with opened(database_url, history=0) as (store, _):
+        assert await claim1(store, "digest", NOW) == 1
+        await store.release([Ended("digest", 1, "ok", None, 0.1)])
+        assert await store.runs("digest", 10) == []
+        await store.prune()
+
+
+@pytest.mark.parametrize("history", [-1, 100_001, 2.5, True])
+def test_history_out_of_range_is_refused(history: object) -> None:
+    with pytest.raises(Exception, match="from 0"):
+        SQLAlchemyStore("sqlite+aiosqlite:///x.db", history=history)  # type: ignore[arg-type]
+
+
+async def test_operations_on_a_store_not_opened_fail_clearly() -> None:
+    store = SQLAlchemyStore("sqlite+aiosqlite:///never.db")
+    with pytest.raises(StoreError, match="not open"):
+        await store.pause("digest", None)
