@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "2 usage error, 3 the tick was claimed elsewhere (or the job is paused).",
         epilog="examples:\n"
         "  fastapi-jobs run app.main:scheduler send_digest\n"
-        "  fastapi-jobs run app.main:app send_digest --force   # whatever the claims say",
+        "  fastapi-jobs run app.main:app send_digest --force   # again, or while paused",
         formatter_class=formatter,
     )
     run.add_argument("target", help=_TARGET_HELP)
@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--force",
         action="store_true",
-        help="run without claiming the tick (even if an instance runs it, or it is paused)",
+        help="run even if the current tick ran already or the job is paused (a run by "
+        "hand, as POST /jobs/{name}/run: still never beside a run going elsewhere)",
     )
     return parser
 
@@ -269,12 +270,15 @@ async def _run(scheduler: Scheduler, app: Any, name: str, force: bool) -> int:
     logger = scheduler.logger
     async with scheduler._app_state(app) as state:
         result: RunResult | None
-        if force or scheduler.store is None or scheduler.jobs[name].every_instance:
+        if scheduler.store is None or scheduler.jobs[name].every_instance:
             result = await scheduler.run_now(name, state=state)
         else:
             async with scheduler.running(state, ticking=False):
                 try:
-                    result = await scheduler._run_current_tick(name)
+                    if force:
+                        result = await (await scheduler.trigger(name)).wait()
+                    else:
+                        result = await scheduler._run_current_tick(name)
                 except JobRunningError as exc:
                     logger.error("not run: %s", exc)
                     return CLAIMED_ELSEWHERE

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,16 +27,23 @@ def sync_url(url: str) -> str:
 class App:
     """One uvicorn process running tests/apps/cluster_app.py."""
 
-    def __init__(self, url: str, **env: object) -> None:
+    def __init__(self, url: str, *, workers: int = 1, **env: object) -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             mode="w+", prefix="cluster_app_", suffix=".log", delete=False
         )
+        self.workers = workers
+        # Several workers share one port, which must be known before they start.
+        port = "0" if workers == 1 else str(free_port())
+        command = [sys.executable, "-m", "uvicorn", "tests.apps.cluster_app:app", "--port", port]
+        if workers > 1:
+            command += ["--workers", str(workers)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.apps.cluster_app:app", "--port", "0"],
+            command,
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": url, **{k: str(v) for k, v in env.items()}},
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own: stop() ends its workers too
         )
 
     @property
@@ -43,9 +53,16 @@ class App:
     def output(self) -> str:
         return Path(self.log.name).read_text()
 
+    @property
+    def base_url(self) -> str:
+        """Where the app listens (uvicorn logs the port it was given)."""
+        found = re.search(r"Uvicorn running on (http://[\d.]+:\d+)", self.output())
+        assert found, self.output()
+        return found.group(1)
+
     def wait_started(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while "Application startup complete" not in self.output():
+        while self.output().count("Application startup complete") < self.workers:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"app did not start:\n{self.output()}")
             time.sleep(0.05)
@@ -60,11 +77,21 @@ class App:
         self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
+        """Kill the process and its workers (its own process group)."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # workers left behind, if any
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def start(url: str, count: int, **env: object) -> list[App]:

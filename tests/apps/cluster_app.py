@@ -2,7 +2,10 @@
 
 Configured by the environment:
 DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
-SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s).
+SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s),
+RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
+fails after recording itself), RETRIES. The control router is public: the
+tests reach the app on localhost only.
 
 Tables (in the app's own database, beside the store's):
 - runs(job, tick, fence, instance, pid, started, finished): one row per run,
@@ -139,11 +142,22 @@ async def work(ctx: JobContext) -> None:
             .where(runs.c.job == ctx.name, runs.c.fence == ctx.fence, store.fenced(ctx))
             .values(finished=time.time())
         )
+    if ENV.get("FAIL") == "1":
+        raise ConnectionError("the job's own failure")
 
 
 catch_up = float(ENV["CATCH_UP"]) if ENV.get("CATCH_UP") else None
 for n in range(int(ENV.get("JOBS", "1"))):
-    scheduler.add_job(work, Every(seconds=INTERVAL), name=f"job{n}", catch_up=catch_up)
+    scheduler.add_job(
+        work,
+        Every(seconds=INTERVAL),
+        name=f"job{n}",
+        catch_up=catch_up,
+        run_on_startup=ENV.get("RUN_ON_STARTUP") == "1",
+        retries=int(ENV.get("RETRIES", "0")),
+        retry_backoff=0.05,
+    )
 
 app = FastAPI(lifespan=scheduler.lifespan)
 app.include_router(scheduler.router)
+app.include_router(scheduler.control_router(public=True))

@@ -1,0 +1,219 @@
+"""Operating jobs across real app processes (uvicorn) sharing one real database:
+pauses that hold for every instance and across restarts, triggers that run
+once, and the CLI beside a running app.
+
+Real time with short intervals, as in test_cluster: the claims are decided on
+the database's clock.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .cluster import ROOT, App, rows, start
+from .postgres import PostgresServer, wait_until
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def cluster_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'cluster.sqlite3'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.url(server.create_database())
+
+
+@pytest.fixture
+def apps() -> Iterator[list[App]]:
+    started: list[App] = []
+    yield started
+    for app in started:
+        app.stop()
+
+
+def started_runs(url: str) -> list[tuple[float, float]]:
+    """(tick, started) of every run of job0, in order."""
+    return [
+        (tick, started)
+        for tick, started in rows(url, "SELECT tick, started FROM runs WHERE job = 'job0'")
+    ]
+
+
+def post(app: App, path: str, **params: object) -> httpx.Response:
+    return httpx.post(app.base_url + path, params=params, timeout=10)
+
+
+def test_a_pause_on_one_instance_holds_on_every_instance_and_across_restarts(
+    cluster_url: str, apps: list[App]
+) -> None:
+    env = {"JOBS": 1, "INTERVAL": 0.25, "TIMEOUT": 1}
+    apps += start(cluster_url, 2, **env)
+    wait_until(lambda: len(started_runs(cluster_url)) >= 3, timeout=20)
+
+    answer = post(apps[0], "/jobs/job0/pause")
+    paused_at = time.time()
+    assert answer.status_code == 200
+    assert answer.json() == {"job": "job0", "paused": True, "until": None, "scope": "cluster"}
+    time.sleep(1.5)  # six ticks
+    # A tick claimed before the pause committed may still start; none after.
+    late = [t for t, _ in started_runs(cluster_url) if t > paused_at + 0.25]
+    assert late == []
+    status = httpx.get(apps[1].base_url + "/jobs/job0").json()  # the other instance
+    assert status["paused"] is True and status["skipped"].get("paused", 0) >= 1
+
+    for app in apps:  # every instance restarts
+        app.terminate()
+    restarted = start(cluster_url, 2, **env)
+    apps += restarted
+    time.sleep(1.5)
+    assert [t for t, _ in started_runs(cluster_url) if t > paused_at + 0.25] == []
+
+    resumed = post(restarted[1], "/jobs/job0/resume")
+    resumed_at = time.time()
+    assert resumed.json()["paused"] is False
+    wait_until(
+        lambda: len([t for t, _ in started_runs(cluster_url) if t > resumed_at]) >= 3,
+        timeout=10,
+    )
+    ticks = [t for t, _ in started_runs(cluster_url)]
+    assert len(ticks) == len(set(ticks))  # each tick once, before and after
+
+
+def test_a_pause_through_a_shared_port_stops_every_worker(tmp_path: Path, apps: list[App]) -> None:
+    """uvicorn --workers 3 on a SQLite file: a pause that reaches one worker stops all."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'workers.sqlite3'}"
+    app = App(url, workers=3, JOBS=1, INTERVAL=0.25, TIMEOUT=1)
+    apps.append(app)
+    app.wait_started()
+    base = f"http://127.0.0.1:{app_port(app)}"
+    wait_until(lambda: len(started_runs(url)) >= 3, timeout=20)
+    assert httpx.post(base + "/jobs/job0/pause", timeout=10).json()["scope"] == "cluster"
+    paused_at = time.time()
+    time.sleep(1.5)
+    assert [t for t, _ in started_runs(url) if t > paused_at + 0.25] == []
+    httpx.post(base + "/jobs/job0/resume", timeout=10)
+    resumed_at = time.time()
+    wait_until(lambda: len([t for t, _ in started_runs(url) if t > resumed_at]) >= 3, timeout=10)
+    pids = {pid for (pid,) in rows(url, "SELECT DISTINCT pid FROM runs")}
+    assert len(pids) >= 2  # the workers took turns
+
+
+def app_port(app: App) -> str:
+    return app.proc.args[app.proc.args.index("--port") + 1]  # type: ignore[union-attr, no-any-return]
+
+
+def test_two_triggers_on_two_instances_give_one_run_and_one_409(
+    cluster_url: str, apps: list[App]
+) -> None:
+    apps += start(cluster_url, 2, JOBS=1, INTERVAL=3600, RUN_SECONDS=1.5, TIMEOUT=1)
+    answers: list[httpx.Response] = []
+    go = threading.Barrier(2)
+
+    def trigger(app: App) -> None:
+        go.wait()
+        answers.append(post(app, "/jobs/job0/run"))
+
+    threads = [threading.Thread(target=trigger, args=(app,)) for app in apps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(a.status_code for a in answers) == [202, 409]
+    refused = next(a for a in answers if a.status_code == 409).json()["detail"]
+    winner = next(a for a in answers if a.status_code == 202).json()
+    assert refused["instance"] == winner["instance"]
+    assert refused["started_at"] is not None
+
+    # While it runs, a third trigger (on either instance) is refused too.
+    assert post(apps[0], "/jobs/job0/run").status_code == 409
+    assert post(apps[1], "/jobs/job0/run").status_code == 409
+    wait_until(lambda: rows(cluster_url, "SELECT finished FROM runs")[0][0] is not None, 10)
+    time.sleep(0.2)  # its release
+    again = post(apps[1], "/jobs/job0/run", wait="true")
+    assert again.status_code == 200 and again.json()["outcome"] == "ok"
+    assert len(rows(cluster_url, "SELECT * FROM runs")) == 2
+    history = httpx.get(apps[0].base_url + "/jobs/job0/runs").json()
+    assert [r["manual"] for r in history] == [True, True]  # cluster-wide, newest first
+    assert [r["fence"] for r in history] == [2, 1]
+    assert {r["instance"] for r in history} <= {winner["instance"], again.json()["instance"]}
+
+
+def test_a_trigger_during_a_scheduled_run_is_409(cluster_url: str, apps: list[App]) -> None:
+    apps += start(cluster_url, 2, JOBS=1, INTERVAL=2, RUN_SECONDS=1.5, TIMEOUT=1)
+
+    def running() -> bool:
+        return any(f is None for (f,) in rows(cluster_url, "SELECT finished FROM runs"))
+
+    wait_until(running, timeout=20)
+    for app in apps:
+        answer = post(app, "/jobs/job0/run")
+        assert answer.status_code == 409, answer.text
+        assert "is running" in answer.json()["detail"]["message"]
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fastapi_jobs", *args],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url, "JOBS": "1", "INTERVAL": "3600", "TIMEOUT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_runs_the_current_tick_once_beside_a_running_app(
+    cluster_url: str, apps: list[App]
+) -> None:
+    target = "tests.apps.cluster_app:app"
+    first = cli(cluster_url, "run", target, "job0")
+    assert first.returncode == 0, first.stderr
+    assert "job 'job0': ok" in first.stderr
+    # The app starts and would run the current hour's tick: the CLI has it.
+    apps += start(cluster_url, 1, JOBS=1, INTERVAL=3600, RUN_ON_STARTUP=1, TIMEOUT=1)
+    time.sleep(1)
+    again = cli(cluster_url, "run", target, "job0")
+    assert again.returncode == 3, again.stderr
+    assert "was claimed already" in again.stderr
+    assert len(rows(cluster_url, "SELECT * FROM runs")) == 1  # one run for the tick
+    forced = cli(cluster_url, "run", target, "job0", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert len(rows(cluster_url, "SELECT * FROM runs")) == 2
+
+
+def test_the_cli_says_what_went_wrong_with_its_exit_code(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cli.sqlite3'}"
+    target = "tests.apps.cluster_app:scheduler"
+    unknown = cli(url, "run", target, "nope")
+    assert unknown.returncode == 2
+    assert "no job named 'nope'; the jobs are: 'job0'" in unknown.stderr
+    bad = cli(url, "run", "tests.apps.cluster_app:nothing", "job0")
+    assert bad.returncode == 2 and "has no attribute 'nothing'" in bad.stderr
+    not_one = cli(url, "run", "tests.apps.cluster_app:ENV", "job0")
+    assert not_one.returncode == 2 and "no Scheduler was found" in not_one.stderr
+    no_module = cli(url, "list", "no_such_module:app")
+    assert no_module.returncode == 2 and "cannot import" in no_module.stderr
+    failing = subprocess.run(
+        [sys.executable, "-m", "fastapi_jobs", "run", target, "job0"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url, "JOBS": "1", "INTERVAL": "60", "FAIL": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert failing.returncode == 1, failing.stderr
+    assert "ConnectionError" in failing.stderr
+    listing = cli(url, "list", "tests.apps.cluster_app:app")
+    assert listing.returncode == 0, listing.stderr
+    assert "job0\n  every 1h\n  claimed in the store (one instance per tick); not paused" in (
+        listing.stdout
+    )
+    assert listing.stdout.count("  next: ") == 3
