@@ -118,13 +118,8 @@ class Record(NamedTuple):
     seq: int
     tick: float
     manual: bool
-    attempts: int
-    started: float
-    finished: float
-    duration: float
-    outcome: Outcome
-    error: BaseException | None
     fence: int | None
+    ran: Ran
 
 
 class Manual:
@@ -370,7 +365,12 @@ class JobRunner:
                 ran: Ran | None = None
                 try:
                     if fence is None:
-                        ran = await self.attempts(self.due, state, manual)
+                        # self.attempts(), inlined: the hot path of a run.
+                        tick = self.due
+                        ran = await self.run(tick, state, manual=manual is not None)
+                        if ran.outcome != "ok" and self.job.retries:
+                            ran = await self._retry(ran, tick, state, manual is not None, None)
+                        self._remember(tick, manual, None, ran)
                     else:
                         self.fence = None
                         ran = await self._run_claimed(fence, state, manual)
@@ -528,14 +528,15 @@ class JobRunner:
         ran = await self.run(tick, state, manual=manual, fence=fence, started=started)
         if ran.outcome != "ok" and self.job.retries:
             ran = await self._retry(ran, tick, state, manual, fence)
+        self._remember(tick, asked, fence, ran)
+        return ran
+
+    def _remember(self, tick: float, asked: Manual | None, fence: int | None, ran: Ran) -> None:
         history = self.history
         if history is None:
             history = self.history = deque(maxlen=HISTORY)
-        finished = self.stats.last_finished_at or ran.started
         seq = next(_sequence) if asked is None else asked.seq
-        record = (seq, tick, manual, ran.attempts, ran.started, finished)
-        history.append(_new(Record, (*record, ran.duration, ran.outcome, ran.error, fence)))
-        return ran
+        history.append(_new(Record, (seq, tick, asked is not None, fence, ran)))
 
     async def _retry(
         self, ran: Ran, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None

@@ -33,7 +33,8 @@ class App:
         )
         self.workers = workers
         # Several workers share one port, which must be known before they start.
-        port = "0" if workers == 1 else str(free_port())
+        self.port = 0 if workers == 1 else free_port()
+        port = str(self.port)
         command = [sys.executable, "-m", "uvicorn", "tests.apps.cluster_app:app", "--port", port]
         if workers > 1:
             command += ["--workers", str(workers)]
@@ -95,7 +96,7 @@ def free_port() -> int:
 
 
 def start(url: str, count: int, **env: object) -> list[App]:
-    apps = [App(url, **env) for _ in range(count)]
+    apps = [App(url, **env) for _ in range(count)]  # type: ignore[arg-type]
     try:
         for app in apps:
             app.wait_started()

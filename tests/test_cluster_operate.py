@@ -47,7 +47,7 @@ def started_runs(url: str) -> list[tuple[float, float]]:
     ]
 
 
-def post(app: App, path: str, **params: object) -> httpx.Response:
+def post(app: App, path: str, **params: str) -> httpx.Response:
     return httpx.post(app.base_url + path, params=params, timeout=10)
 
 
@@ -93,7 +93,7 @@ def test_a_pause_through_a_shared_port_stops_every_worker(tmp_path: Path, apps: 
     app = App(url, workers=3, JOBS=1, INTERVAL=0.25, TIMEOUT=1)
     apps.append(app)
     app.wait_started()
-    base = f"http://127.0.0.1:{app_port(app)}"
+    base = f"http://127.0.0.1:{app.port}"
     wait_until(lambda: len(started_runs(url)) >= 3, timeout=20)
     assert httpx.post(base + "/jobs/job0/pause", timeout=10).json()["scope"] == "cluster"
     paused_at = time.time()
@@ -104,10 +104,6 @@ def test_a_pause_through_a_shared_port_stops_every_worker(tmp_path: Path, apps: 
     wait_until(lambda: len([t for t, _ in started_runs(url) if t > resumed_at]) >= 3, timeout=10)
     pids = {pid for (pid,) in rows(url, "SELECT DISTINCT pid FROM runs")}
     assert len(pids) >= 2  # the workers took turns
-
-
-def app_port(app: App) -> str:
-    return app.proc.args[app.proc.args.index("--port") + 1]  # type: ignore[union-attr, no-any-return]
 
 
 def test_two_triggers_on_two_instances_give_one_run_and_one_409(
