@@ -19,6 +19,7 @@ import asyncio
 import gc
 import json
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -104,7 +105,7 @@ async def start_floor(rec: Recorder, n: int, interval: float, offset: float) -> 
 async def start_fastapi_jobs(rec: Recorder, n: int, interval: float, offset: float) -> Stop:
     from fastapi_jobs import Every, Scheduler
 
-    scheduler = Scheduler()
+    scheduler = Scheduler(history=int(os.environ.get("BENCH_MEMORY_HISTORY", "50")))
     schedule = Every(seconds=interval, offset=offset)
     for i in range(n):
         scheduler.add_job(rec.body(i), schedule)

@@ -102,7 +102,7 @@ async def expire_sessions(ctx: JobContext) -> None:
         ctx.logger.info("expired %d sessions", result.rowcount)
 
 
-@scheduler.cron("0 7 * * mon-fri", tz="Europe/Lisbon")
+@scheduler.cron("0 7 * * mon-fri", tz="Europe/Lisbon", retries=2, retry_backoff=30)
 async def send_digest(ctx: JobContext) -> None:
     """Each weekday morning, "send" a digest: here, a row with the day's figure."""
     engine: AsyncEngine = ctx.state["db"]
@@ -148,6 +148,8 @@ async def require_admin(
 
 app = FastAPI(title="fastapi_jobs example", lifespan=scheduler.lifespan)
 app.include_router(scheduler.router, dependencies=[Depends(require_admin)])
+# POST /jobs/{name}/run, /pause, /resume: behind the same auth.
+app.include_router(scheduler.control_router(dependencies=[Depends(require_admin)]))
 
 
 class NewSession(BaseModel):

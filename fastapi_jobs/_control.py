@@ -8,15 +8,13 @@ them are in ``_router``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ._errors import ConfigurationError, short
-from ._runner import Manual, Record, RunResult
-from ._status import ErrorInfo, RunRecord, utc
+from ._runner import Manual, RunResult
 
-__all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until", "records"]
+__all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until", "run_id"]
 
 MAX_RUNS = 1000
 """The most runs ``runs()`` / ``GET /jobs/{name}/runs`` return at once."""
@@ -91,25 +89,3 @@ def check_limit(limit: object) -> int:
 def run_id(instance: str, seq: int, fence: int | None) -> str:
     """A run's id: its claim's fence with a store, else ``instance#n``."""
     return str(fence) if fence is not None else f"{instance}#{seq}"
-
-
-def records(name: str, instance: str, history: Iterable[Record], limit: int) -> list[RunRecord]:
-    """This process's remembered runs of ``name``, newest first."""
-    newest = sorted(history, key=lambda record: record.seq, reverse=True)[:limit]
-    return [
-        RunRecord(
-            id=run_id(instance, r.seq, r.fence),
-            job=name,
-            tick=utc(r.tick),
-            manual=r.manual,
-            attempts=r.ran.attempts,
-            started_at=utc(r.ran.started),
-            finished_at=utc(r.ran.started + r.ran.duration),
-            duration_s=r.ran.duration,
-            outcome=r.ran.outcome,
-            error=None if r.ran.error is None else ErrorInfo.of(r.ran.error),
-            instance=instance,
-            fence=r.fence,
-        )
-        for r in newest
-    ]

@@ -15,7 +15,6 @@ import logging
 import math
 import random
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ import anyio
 from ._clock import Clock
 from ._context import JobContext
 from ._errors import LeaseLostError
+from ._history import History
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._schedules import Every
@@ -41,7 +41,7 @@ _US = 1_000_000
 _new = tuple.__new__
 _NOT_STARTED = "the scheduler stopped before the run started"
 HISTORY = 50
-"""Runs of each job this process remembers (``GET /jobs/{name}/runs`` without a store)."""
+"""Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
 _sequence = itertools.count(1)  # numbers the runs of this process that have no fence
 
 
@@ -112,16 +112,6 @@ class Ran(NamedTuple):
     attempts: int
 
 
-class Record(NamedTuple):
-    """One tick's run as this process remembers it (``HISTORY`` per job)."""
-
-    seq: int
-    tick: float
-    manual: bool
-    fence: int | None
-    ran: Ran
-
-
 class Manual:
     """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
 
@@ -158,6 +148,7 @@ class JobRunner:
         "_claims",
         "_clock",
         "_gate",
+        "_keep",
         "_logger",
         "_parent_logger",
         "_retry_wait",
@@ -188,6 +179,7 @@ class JobRunner:
         clock: Clock,
         logger: logging.Logger,
         leases: LeaseKeeper | None = None,
+        keep: int = HISTORY,
     ) -> None:
         self.job = job
         self.stats = JobStats()
@@ -223,7 +215,9 @@ class JobRunner:
         """The run asked for by hand that the task is woken for, if it is one."""
         self.paused_until = math.inf if job.paused else 0.0
         """Ticks before this instant are skipped as paused (inf: until resumed)."""
-        self.history: deque[Record] | None = None  # made on the first run
+        # Made on the first run; claimed runs are in the store's history instead.
+        self.history: History | None = None
+        self._keep = keep
         self._retry_wait: anyio.CancelScope | None = None
 
     @property
@@ -370,7 +364,7 @@ class JobRunner:
                         ran = await self.run(tick, state, manual=manual is not None)
                         if ran.outcome != "ok" and self.job.retries:
                             ran = await self._retry(ran, tick, state, manual is not None, None)
-                        self._remember(tick, manual, None, ran)
+                        self._remember(tick, manual, ran)
                     else:
                         self.fence = None
                         ran = await self._run_claimed(fence, state, manual)
@@ -528,15 +522,21 @@ class JobRunner:
         ran = await self.run(tick, state, manual=manual, fence=fence, started=started)
         if ran.outcome != "ok" and self.job.retries:
             ran = await self._retry(ran, tick, state, manual, fence)
-        self._remember(tick, asked, fence, ran)
+        if fence is None:
+            self._remember(tick, asked, ran)
         return ran
 
-    def _remember(self, tick: float, asked: Manual | None, fence: int | None, ran: Ran) -> None:
+    def _remember(self, tick: float, asked: Manual | None, ran: Ran) -> None:
         history = self.history
         if history is None:
-            history = self.history = deque(maxlen=HISTORY)
+            if not self._keep:
+                return
+            history = self.history = History(self._keep)
         seq = next(_sequence) if asked is None else asked.seq
-        history.append(_new(Record, (seq, tick, asked is not None, fence, ran)))
+        manual = asked is not None
+        history.add(
+            seq, tick, ran.started, ran.duration, ran.outcome, ran.attempts, manual, ran.error
+        )
 
     async def _retry(
         self, ran: Ran, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None

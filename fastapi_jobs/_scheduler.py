@@ -17,7 +17,7 @@ import anyio
 from ._checks import seconds
 from ._claims import Claims
 from ._clock import Clock, OffsetClock, SystemClock
-from ._control import TriggeredRun, check_limit, check_until, records, run_id
+from ._control import TriggeredRun, check_limit, check_until, run_id
 from ._dispatcher import Dispatcher
 from ._errors import (
     ConfigurationError,
@@ -31,7 +31,7 @@ from ._heartbeat import Heartbeat
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
-from ._runner import JobRunner, Manual, RunResult
+from ._runner import HISTORY, JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus, PauseState, RunRecord, utc
 from ._store import Ended, Instance, Store
@@ -75,6 +75,9 @@ class Scheduler:
             then runs on one instance only. Without one, nothing touches a
             database and every instance runs every job.
         clock: where time comes from; tests pass a :class:`LoopClock`.
+        history: the runs of each job this process keeps in memory for
+            ``GET /jobs/{name}/runs`` (about 200 bytes each), 0 for none. Runs
+            claimed in a store are in the store's history instead.
     """
 
     def __init__(
@@ -85,12 +88,19 @@ class Scheduler:
         shutdown_timeout: float | timedelta | None = 20.0,
         store: Store | None = None,
         clock: Clock | None = None,
+        history: int = HISTORY,
     ) -> None:
         if shutdown_timeout is not None:
             shutdown_timeout = seconds(
                 "shutdown_timeout", shutdown_timeout, context="Scheduler(): ", allow_zero=True
             )
         _check_parts(lifespan, logger, store, clock)
+        if not isinstance(history, int) or isinstance(history, bool) or not 0 <= history <= 10_000:
+            raise ConfigurationError(
+                f"Scheduler(history={short(history)}): the runs kept per job, a whole "
+                "number from 0 to 10000"
+            )
+        self._history = history
         self.logger = logger or logging.getLogger("fastapi_jobs")
         self.shutdown_timeout = shutdown_timeout
         self.clock: Clock = clock or SystemClock()
@@ -172,7 +182,9 @@ class Scheduler:
                 "across restarts: pass Scheduler(store=...), and do not combine it "
                 "with every_instance=True"
             )
-        self._runners[job.name] = JobRunner(job, self._ticking_clock, self.logger, self._leases)
+        self._runners[job.name] = JobRunner(
+            job, self._ticking_clock, self.logger, self._leases, self._history
+        )
         return job
 
     def every(
@@ -637,7 +649,8 @@ class Scheduler:
                     return await store.runs(name, limit)
             except Exception as exc:
                 raise StoreError(f"cannot read the run history of {name!r}: {exc!r}") from exc
-        return records(name, self.instance.id, runner.history or (), limit)
+        history = runner.history
+        return [] if history is None else history.records(name, self.instance.id, limit)
 
     # -- status -----------------------------------------------------------
 

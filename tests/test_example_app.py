@@ -91,6 +91,27 @@ async def test_digest_writes_a_row_and_refresh_rates_fails_now_and_then(database
     assert counts == [1, 1]
 
 
+async def test_operators_trigger_and_pause_jobs_with_the_token_only(database: Path) -> None:
+    async with serve(main.app) as client:
+        refused = await client.post("/jobs/send_digest/run")
+        assert refused.status_code == 401
+        ran = await client.post("/jobs/send_digest/run?wait=true", headers=ADMIN)
+        assert ran.status_code == 200 and ran.json()["outcome"] == "ok"
+        history = (await client.get("/jobs/send_digest/runs", headers=ADMIN)).json()
+        assert [(r["manual"], r["outcome"]) for r in history] == [(True, "ok")]
+        paused = await client.post("/jobs/expire_sessions/pause", headers=ADMIN)
+        assert paused.json() == {
+            "job": "expire_sessions",
+            "paused": True,
+            "until": None,
+            "scope": "cluster",
+        }
+        assert (await client.get("/jobs/expire_sessions", headers=ADMIN)).json()["paused"]
+        await client.post("/jobs/expire_sessions/resume", headers=ADMIN)
+        status = (await client.get("/jobs/expire_sessions", headers=ADMIN)).json()
+    assert status["paused"] is False
+
+
 def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
     """`python -m example_app` serves the app, jobs at /jobs."""
     port = "8765"

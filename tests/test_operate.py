@@ -399,3 +399,22 @@ async def test_history_without_a_store_keeps_the_last_50_newest_first() -> None:
     assert all(r["instance"] == scheduler.instance.id and r["fence"] is None for r in runs)
     with pytest.raises(ConfigurationError, match="from 1 to 1000"):
         await scheduler.runs("tick", limit=0)
+
+
+async def test_history_keeps_as_many_runs_as_asked_and_zero_keeps_none() -> None:
+    for keep in (3, 0):
+        scheduler = virtual_scheduler(history=keep)
+
+        @scheduler.every(minutes=1)
+        async def tick() -> None: ...
+
+        async with scheduler.running():
+            await anyio.sleep(10 * 60 + 1)
+        runs = await scheduler.runs("tick")
+        assert [r.tick for r in runs] == [START + timedelta(minutes=m) for m in (10, 9, 8)][:keep]
+
+
+@pytest.mark.parametrize("history", [-1, 10_001, True, 2.0])
+def test_history_out_of_range_is_refused(history: object) -> None:
+    with pytest.raises(ConfigurationError, match="from 0 to 10000"):
+        virtual_scheduler(history=history)
