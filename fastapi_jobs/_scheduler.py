@@ -511,7 +511,7 @@ class Scheduler:
                 "run_now() runs a job without the app)"
             )
         if runner.busy:
-            raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
+            raise self._busy(runner)
         manual = Manual(tick)
         runner.in_flight = True  # no scheduled tick starts here meanwhile
         fence: int | None = None
@@ -524,16 +524,20 @@ class Scheduler:
             finally:
                 runner.in_flight = False
             got = None if fences is None else fences.get(name)
-            if not isinstance(got, int):
-                if fences is None or isinstance(got, Exception):
-                    raise StoreError(
-                        f"cannot trigger {name!r}: the store could not be reached or "
-                        f"refused the claim ({got!r}); nothing ran"
-                    )
+            if fences is None:
+                raise StoreError(
+                    f"cannot trigger {name!r}: the store cannot be reached; nothing ran"
+                )
+            if isinstance(got, Exception):
+                raise StoreError(
+                    f"cannot trigger {name!r}: the database refused its claim ({got!r}); "
+                    "nothing ran"
+                )
+            if got is None:
                 raise await self._held_elsewhere(name, tick)
-            if runner.busy or runner.stopping:  # a tick came while we claimed
+            if runner.busy or runner.stopping:  # the app began to stop while we claimed
                 claims.release_soon(Ended(name, got, "cancelled", "not run: busy", 0.0, 1, True))
-                raise JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
+                raise NotRunningError(f"cannot trigger {name!r}: the app is stopping")
             fence = runner.fence = got
             runner.claimed_at = claimed_at
             runner.in_flight = True
@@ -547,6 +551,14 @@ class Scheduler:
             _manual=manual,
         )
         return triggered
+
+    def _busy(self, runner: JobRunner) -> JobRunningError:
+        name = runner.job.name
+        if runner.in_flight and not runner.stats.running:
+            return JobRunningError(
+                name, message=f"job {name!r} is starting a run here (its tick is being claimed)"
+            )
+        return JobRunningError(name, utc(runner.stats.last_started_at), self.instance.id)
 
     async def _held_elsewhere(self, name: str, tick: float) -> JobRunningError:
         """Why a claim was refused: the job's lease is held (by whom, since when),

@@ -8,11 +8,12 @@ import math
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 
-from fastapi_jobs import Ended, StoreError
+from fastapi_jobs import Ended, Scheduler, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1
+from .conftest import claim1, serve
 from .test_store import opened
 
 NOW = 1_000.0  # ticks far in the database clock's past: claimable
@@ -122,3 +123,28 @@ async def test_operations_on_a_store_not_opened_fail_clearly() -> None:
     store = SQLAlchemyStore("sqlite+aiosqlite:///never.db")
     with pytest.raises(StoreError, match="not open"):
         await store.pause("digest", None)
+
+
+async def test_with_the_database_down_control_calls_answer_503_and_change_nothing() -> None:
+    store = SQLAlchemyStore(
+        "postgresql+asyncpg://nobody:x@127.0.0.1:1/none", lease=3, timeout=0.5, heartbeat=1
+    )
+    scheduler = Scheduler(store=store)
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    app.include_router(scheduler.control_router(public=True))
+    async with serve(app) as client:
+        for action in ("pause", "resume", "run"):
+            answer = await client.post(f"/jobs/digest/{action}")
+            assert answer.status_code == 503, action
+            assert "nothing" in answer.json()["detail"], answer.json()
+        history = await client.get("/jobs/digest/runs")
+        assert history.status_code == 503
+        assert "cannot read the run history" in history.json()["detail"]
+        status = await client.get("/jobs/digest")
+        assert status.status_code == 200
+        assert status.json()["paused"] is False and status.json()["running"] is False
