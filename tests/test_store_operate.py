@@ -5,12 +5,14 @@ and its retention."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 
+import anyio
 import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from fastapi_jobs import Ended, Scheduler, StoreError
+from fastapi_jobs import Ended, Every, JobContext, Scheduler, StoreError, _heartbeat
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, serve
@@ -148,3 +150,61 @@ async def test_with_the_database_down_control_calls_answer_503_and_change_nothin
         status = await client.get("/jobs/digest")
         assert status.status_code == 200
         assert status.json()["paused"] is False and status.json()["running"] is False
+
+
+async def test_a_retried_run_holds_its_claim_and_its_history_row_counts_the_attempts(
+    database_url: str,
+) -> None:
+    store = SQLAlchemyStore(database_url, lease=3, timeout=0.5)
+    scheduler = Scheduler(store=store)
+    calls: list[int | None] = []
+
+    async def flaky(ctx: JobContext) -> None:
+        calls.append(ctx.fence)
+        if len(calls) == 1:
+            raise ConnectionError("first try fails")
+
+    scheduler.add_job(flaky, Every(seconds=2), retries=2, retry_backoff=0.05)
+    async with scheduler.running():
+
+        async def tried_twice() -> bool:
+            return len(calls) >= 2
+
+        with anyio.fail_after(10):
+            await poll(tried_twice)
+        await anyio.sleep(0.3)  # the release
+        runs = await scheduler.runs("flaky")
+    assert calls[0] is not None and calls[0] == calls[1]  # one claim, one fence
+    assert runs[-1].attempts == 2 and runs[-1].outcome == "ok"
+    assert runs[-1].fence == calls[0]
+
+
+async def test_the_heartbeat_prunes_the_history(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with opened(database_url, history=2) as (store, _):
+        for n in range(1, 6):
+            assert await claim1(store, "digest", NOW + n) == n
+            await store.release([Ended("digest", n, "ok", None, 0.0)])
+    monkeypatch.setattr(_heartbeat, "PRUNE_EVERY", 0.2)
+    scheduler = Scheduler(
+        store=SQLAlchemyStore(database_url, history=2, heartbeat=0.1, lease=3, timeout=0.5)
+    )
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    async with scheduler.running():
+
+        async def pruned() -> bool:
+            return len(await scheduler.runs("digest")) == 2
+
+        with anyio.fail_after(10):
+            await poll(pruned)
+        assert [r.fence for r in await scheduler.runs("digest")] == [5, 4]
+
+
+async def poll(check: Callable[[], Awaitable[bool]]) -> None:
+    """Until ``check()``: what is polled is another task's effect or the database's."""
+    while not await check():  # noqa: ASYNC110 - no event to wait on: the database
+        await anyio.sleep(0.02)
