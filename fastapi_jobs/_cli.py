@@ -138,12 +138,14 @@ def _next(expr: str, tz: str, n: int) -> int:
 
 
 def _when(ts: float, tz: Any = None) -> str:
+    """``ts`` in ``tz`` (None: this machine's zone), and in UTC if that differs."""
     at = datetime.fromtimestamp(ts, UTC)
-    local = at.astimezone(tz)  # tz None: this machine's zone
-    shown = f"{local:%Y-%m-%d %H:%M:%S %Z}"
-    return (
-        shown if local.utcoffset() == at.utcoffset() else f"{shown}  ({at:%Y-%m-%d %H:%M:%S} UTC)"
-    )
+    local = at.astimezone(tz)
+    clock = "%H:%M:%S.%f" if at.microsecond else "%H:%M:%S"  # sub-second intervals
+    shown = local.strftime(f"%Y-%m-%d {clock} %Z")
+    if local.utcoffset() == at.utcoffset():
+        return shown
+    return f"{shown}  ({at.strftime(f'%Y-%m-%d {clock}')} UTC)"
 
 
 # -- finding the scheduler ------------------------------------------------------

@@ -8,6 +8,7 @@ them are in ``_router``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -32,15 +33,21 @@ class TriggeredRun:
     instance: str
     """The instance that runs it."""
     _manual: Manual = field(repr=False, compare=False)
+    _flush: Callable[[], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
+    """Sends the claims' releases now: a claimed run is in the store's history
+    once :meth:`wait` returns."""
 
     @property
     def done(self) -> bool:
         return self._manual.done.is_set()
 
     async def wait(self) -> RunResult | None:
-        """Wait for the run to end: how it ended, or None if it never ran to
-        an end here (the app stopped first, or its lease was lost)."""
+        """Wait for the run to end (and, with a store, to be recorded there):
+        how it ended, or None if it never ran to an end here (the app stopped
+        first, or its lease was lost)."""
         await self._manual.done.wait()
+        if self._flush is not None:
+            await self._flush()
         ran = self._manual.ran
         if ran is None:
             return None

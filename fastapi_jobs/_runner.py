@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import logging
 import math
 import random
@@ -42,7 +41,6 @@ _new = tuple.__new__
 _NOT_STARTED = "the scheduler stopped before the run started"
 HISTORY = 50
 """Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
-_sequence = itertools.count(1)  # numbers the runs of this process that have no fence
 
 
 class Dispatching(Protocol):
@@ -115,11 +113,10 @@ class Ran(NamedTuple):
 class Manual:
     """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
 
-    __slots__ = ("done", "fence", "ran", "seq", "tick")
+    __slots__ = ("done", "fence", "ran", "tick")
 
     def __init__(self, tick: float) -> None:
         self.tick = tick
-        self.seq = next(_sequence)
         self.fence: int | None = None
         self.ran: Ran | None = None
         """How it ended; None until :attr:`done` (and for a cancelled run)."""
@@ -532,11 +529,8 @@ class JobRunner:
             if not self._keep:
                 return
             history = self.history = History(self._keep)
-        seq = next(_sequence) if asked is None else asked.seq
         manual = asked is not None
-        history.add(
-            seq, tick, ran.started, ran.duration, ran.outcome, ran.attempts, manual, ran.error
-        )
+        history.add(tick, ran.started, ran.duration, ran.outcome, ran.attempts, manual, ran.error)
 
     async def _retry(
         self, ran: Ran, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None

@@ -545,10 +545,14 @@ class Scheduler:
         runner.wake()
         triggered = TriggeredRun(
             name=name,
-            id=run_id(self.instance.id, manual.seq, fence),
+            # Its number among the job's runs here (they are recorded one at a time).
+            id=run_id(
+                self.instance.id, 0 if runner.history is None else runner.history.count, fence
+            ),
             tick=datetime.fromtimestamp(tick, UTC),
             instance=self.instance.id,
             _manual=manual,
+            _flush=None if fence is None or self._claims is None else self._claims.flush,
         )
         return triggered
 

@@ -1,0 +1,92 @@
+"""The ``fastapi-jobs`` command in this process: ``next``, ``list`` without a
+store, and what bad input gets (the runs against a store, in real processes,
+are in test_cluster_operate)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+
+from fastapi_jobs._cli import main
+
+from .cluster import ROOT
+
+
+def test_next_prints_the_next_run_times_in_the_zone_and_utc(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["next", "0 7 * * mon-fri", "--tz", "America/New_York", "-n", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "cron '0 7 * * mon-fri' America/New_York (At 07:00 on Monday through Friday)"
+    times = lines[1:]
+    assert len(times) == 4
+    for line in times:
+        local, utc = line.split("  (")
+        assert local.endswith(("07:00:00 EST", "07:00:00 EDT"))
+        assert utc.endswith(("12:00:00 UTC)", "11:00:00 UTC)"))
+    stamps = [datetime.strptime(t.split("  (")[1], "%Y-%m-%d %H:%M:%S UTC)") for t in times]
+    assert stamps == sorted(stamps) and stamps[0].replace(tzinfo=UTC) > datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["next", "0 7 * * mom"], "invalid cron expression '0 7 * * mom'"),
+        (["next", "@daily", "--tz", "Mars/Olympus"], "Mars/Olympus"),
+        (["next", "@daily", "-n", "0"], "-n 0: must be from 1 to 1000"),
+        (["list", "no_colon_here"], "is not MODULE:ATTR"),
+        (["list", "tests.apps.plain_app:nope"], "has no attribute 'nope'"),
+        (["list", "tests.apps.plain_app:ping"], "no Scheduler was found"),
+        (["run", "tests.apps.plain_app:app", "<script>"], "no job named '<script>'"),
+    ],
+)
+def test_bad_input_exits_2_saying_what_is_wrong(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_list_finds_the_scheduler_from_the_app_and_shows_each_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["list", "tests.apps.plain_app:app", "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok\n  every 0.2s\n  every process (no store); not paused\n  next: ")
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith(" ")] == [
+        "ok",
+        "boom",
+        "slow",
+    ]
+    assert out.count("  next: ") == 6
+
+
+def test_run_without_a_store_runs_the_job_once_and_exits_by_its_outcome() -> None:
+    def run(job: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fastapi_jobs", "run", "tests.apps.plain_app:scheduler", job],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = run("ok")
+    assert ok.returncode == 0, ok.stderr
+    assert "job 'ok': ok in" in ok.stderr
+    boom = run("boom")  # sys.exit(2) inside the job: its failure, exit 1
+    assert boom.returncode == 1, boom.stderr
+    assert "SystemExit" in boom.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["list"], ["next"], ["run"]])
+def test_every_command_has_help_with_an_example(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    assert "example" in capsys.readouterr().out
