@@ -13,8 +13,12 @@ a tick, in fresh memory and in the collector's walks.
 from __future__ import annotations
 
 from array import array
+from typing import TYPE_CHECKING
 
 from ._status import ErrorInfo, Outcome, RunRecord, utc
+
+if TYPE_CHECKING:
+    from ._runner import Ran
 
 __all__ = ["History"]
 
@@ -32,20 +36,13 @@ class History:
         self._keep = keep
         self._room = min(_FIRST, keep)
         self._figures = array("d", bytes(24 * self._room))
-        self._unusual: dict[int, _Rest] = {}  # by slot
+        self._unusual: dict[int, _Rest] | None = None  # by slot; made when first needed
         self.count = 0
         """Runs recorded so far: the number of the next one."""
 
-    def add(
-        self,
-        tick: float,
-        started: float,
-        duration: float,
-        outcome: Outcome,
-        attempts: int,
-        manual: bool,
-        error: BaseException | None,
-    ) -> None:
+    def add(self, tick: float, ran: Ran, manual: bool) -> None:
+        """Record the run of ``tick`` that ended as ``ran``."""
+        outcome, error, duration, started, attempts = ran
         n = self.count
         self.count = n + 1
         if n == self._room < self._keep:  # full before the ring is: more room
@@ -59,11 +56,13 @@ class History:
         if outcome == "ok" and attempts == 1 and not manual and error is None:
             if unusual:
                 unusual.pop(slot, None)
-        else:
-            # An exception is kept as the status shows it: kept whole, it would
-            # keep its traceback's frames (and their locals) alive.
-            shown = None if error is None else str(ErrorInfo.of(error))
-            unusual[slot] = (outcome, attempts, manual, shown)
+            return
+        if unusual is None:
+            unusual = self._unusual = {}
+        # An exception is kept as the status shows it: kept whole, it would
+        # keep its traceback's frames (and their locals) alive.
+        shown = None if error is None else str(ErrorInfo.of(error))
+        unusual[slot] = (outcome, attempts, manual, shown)
 
     def records(self, job: str, instance: str, limit: int) -> list[RunRecord]:
         """The runs, newest first, at most ``limit``; ids are ``instance#n``."""
@@ -72,7 +71,7 @@ class History:
         for n in range(self.count - 1, max(-1, self.count - 1 - min(limit, keep)), -1):
             slot = n % keep
             tick, started, duration = figures[3 * slot : 3 * slot + 3]
-            outcome, attempts, manual, error = self._unusual.get(slot, _USUAL)
+            outcome, attempts, manual, error = (self._unusual or {}).get(slot, _USUAL)
             out.append(
                 RunRecord(
                     id=f"{instance}#{n}",

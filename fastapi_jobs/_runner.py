@@ -361,7 +361,11 @@ class JobRunner:
                         ran = await self.run(tick, state, manual=manual is not None)
                         if ran.outcome != "ok" and self.job.retries:
                             ran = await self._retry(ran, tick, state, manual is not None, None)
-                        self._remember(tick, manual, ran)
+                        history = self.history
+                        if history is not None:
+                            history.add(tick, ran, manual is not None)
+                        else:
+                            self._remember(tick, manual, ran)
                     else:
                         self.fence = None
                         ran = await self._run_claimed(fence, state, manual)
@@ -529,8 +533,7 @@ class JobRunner:
             if not self._keep:
                 return
             history = self.history = History(self._keep)
-        manual = asked is not None
-        history.add(tick, ran.started, ran.duration, ran.outcome, ran.attempts, manual, ran.error)
+        history.add(tick, ran, asked is not None)
 
     async def _retry(
         self, ran: Ran, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
