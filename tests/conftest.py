@@ -19,6 +19,7 @@ from sqlalchemy import event
 
 from fastapi_jobs import Ended, LoopClock, Outcome, Scheduler, Store
 
+from .cluster import App
 from .postgres import PostgresServer
 
 # pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
@@ -111,3 +112,22 @@ async def release1(
     refused = await store.release([Ended(job, fence, outcome, error, duration)])
     if job in refused:
         raise refused[job]
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def cluster_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database for the multi-process tests: a PostgreSQL database, or a
+    SQLite file the processes share."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'cluster.sqlite3'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.url(server.create_database())
+
+
+@pytest.fixture
+def apps() -> Iterator[list[App]]:
+    """Every process a test starts; all killed at the end, whatever happened."""
+    started: list[App] = []
+    yield started
+    for app in started:
+        app.stop()

@@ -13,7 +13,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
@@ -25,26 +24,9 @@ from .cluster import App, rows, start
 from .postgres import PostgresServer, wait_until
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def cluster_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'cluster.sqlite3'}"
-    server: PostgresServer = request.getfixturevalue("postgres")
-    return server.url(server.create_database())
-
-
 @pytest.fixture
 def pg_url(postgres: PostgresServer) -> str:
     return postgres.url(postgres.create_database())
-
-
-@pytest.fixture
-def apps() -> Iterator[list[App]]:
-    """Every process a test starts; all killed at the end, whatever happened."""
-    started: list[App] = []
-    yield started
-    for app in started:
-        app.stop()
 
 
 Run = tuple[str, float, int, str, int, float, float | None]

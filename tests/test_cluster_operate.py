@@ -13,30 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from .cluster import ROOT, App, rows, start
-from .postgres import PostgresServer, wait_until
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def cluster_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'cluster.sqlite3'}"
-    server: PostgresServer = request.getfixturevalue("postgres")
-    return server.url(server.create_database())
-
-
-@pytest.fixture
-def apps() -> Iterator[list[App]]:
-    started: list[App] = []
-    yield started
-    for app in started:
-        app.stop()
+from .postgres import wait_until
 
 
 def started_runs(url: str) -> list[tuple[float, float]]:
