@@ -63,3 +63,37 @@ def test_the_sqlalchemy_store_says_it_needs_asyncio(tmp_path: Path) -> None:
 
     with pytest.raises(StoreError, match="needs asyncio"):
         anyio.run(main, backend="trio")
+
+
+def test_trigger_pause_and_retries_on_trio() -> None:
+    """On trio: a triggered run runs in the job's task and can be waited for; a
+    paused job skips its ticks; a failed run is retried."""
+    scheduler = Scheduler(shutdown_timeout=5)
+    runs: list[bool] = []
+    tries: list[int] = []
+
+    @scheduler.every(seconds=0.05)
+    async def ticking(ctx: JobContext) -> None:
+        runs.append(ctx.manual)
+
+    @scheduler.every(hours=1, retries=2, retry_backoff=0.01)
+    async def flaky() -> None:
+        tries.append(1)
+        if len(tries) < 2:
+            raise ConnectionError("first try")
+
+    async def main() -> None:
+        async with scheduler.running():
+            await scheduler.pause("ticking")
+            await anyio.sleep(0.2)
+            assert runs == []
+            result = await (await scheduler.trigger("ticking")).wait()
+            assert result is not None and result.ok
+            flaky_result = await (await scheduler.trigger("flaky")).wait()
+            assert flaky_result is not None and flaky_result.attempts == 2
+            await scheduler.resume("ticking")
+            await anyio.sleep(0.2)
+
+    anyio.run(main, backend="trio")
+    assert runs[0] is True and runs[1:] and not any(runs[1:])
+    assert scheduler.job_status("ticking").skipped["paused"] >= 3
