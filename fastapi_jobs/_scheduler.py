@@ -319,7 +319,8 @@ class Scheduler:
                 await store.open(self._state, self.instance)
             if self._heartbeat is not None:
                 await self._heartbeat.beat()  # learn the database's time before ticking
-            self._log_start(runners)
+            if ticking:
+                self._log_start(runners)
             claims = None if store is None else Claims(store, self.logger)
             dispatcher = Dispatcher(self._ticking_clock, claims)
             tasks = JobTasks(self._state, dispatcher, stopped)

@@ -95,10 +95,16 @@ class RunRecord(BaseModel):
     tick: datetime | None = Field(description="The tick run (for a manual run, when it was asked).")
     manual: bool = Field(description="Asked for by hand (trigger, run_now, the CLI).")
     attempts: int = Field(description="Runs it took: 1, plus the retries.")
-    started_at: datetime | None
-    finished_at: datetime | None
-    duration_s: float | None
-    outcome: Outcome | None = Field(description="None while it runs (with a store).")
+    started_at: datetime | None = Field(
+        description="With a store: when its claim reached the database (its clock)."
+    )
+    finished_at: datetime | None = Field(
+        description="With a store: when its release reached the database (its clock)."
+    )
+    duration_s: float | None = Field(
+        description="From its first try's start to its last try's end, as the run measured it."
+    )
+    outcome: Outcome | None
     error: ErrorInfo | None
     instance: str = Field(description="The instance that ran it.")
     fence: int | None = Field(description="The claim's fence, with a store.")

@@ -208,3 +208,21 @@ async def poll(check: Callable[[], Awaitable[bool]]) -> None:
     """Until ``check()``: what is polled is another task's effect or the database's."""
     while not await check():  # noqa: ASYNC110 - no event to wait on: the database
         await anyio.sleep(0.02)
+
+
+async def test_a_store_from_before_the_history_gets_its_new_tables(database_url: str) -> None:
+    """Upgrading: a database with only the claims and instances tables (as the
+    previous release made them, with rows) gets the pauses and runs tables on
+    first use, and its claims go on from their fences."""
+    async with opened(database_url) as (store, engine):
+        assert await claim1(store, "digest", NOW) == 1
+        await store.release([Ended("digest", 1, "ok", None, 0.1)])
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("DROP TABLE fastapi_jobs_runs"))
+            await conn.execute(sa.text("DROP TABLE fastapi_jobs_pauses"))
+    async with opened(database_url) as (store, _):
+        assert await claim1(store, "digest", NOW + 1) == 2
+        await store.release([Ended("digest", 2, "ok", None, 0.1)])
+        assert [r.fence for r in await store.runs("digest", 5)] == [2]
+        await store.pause("digest", None)
+        assert await store.pauses() == {"digest": math.inf}
