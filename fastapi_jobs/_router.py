@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import anyio
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -141,6 +141,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         },
     )
     async def run(
+        request: Request,
         name: str,
         wait: bool = False,
         timeout: Annotated[float, Query(gt=0, le=_MAX_WAIT)] = _WAIT,  # noqa: ASYNC109 - a query parameter
@@ -154,7 +155,8 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
             job=name,
             tick=triggered.tick,
             instance=triggered.instance,
-            runs=router.url_path_for("run", name=name).replace("/run", "/runs"),
+            # This path, .../jobs/{name}/run, with the app's own prefixes: + "s".
+            runs=request.url.path + "s",
         )
         if not wait:
             return started

@@ -90,27 +90,27 @@ async def test_trigger_runs_the_job_in_its_task_and_answers_202_then_200_with_wa
     scheduler = virtual_scheduler()
     seen: list[tuple[datetime, bool]] = []
 
-    @scheduler.every(hours=1)
+    @scheduler.every(hours=1, name="running")  # "/run" in its URL twice
     async def digest(ctx: JobContext) -> None:
         seen.append((ctx.tick, ctx.manual))
         await anyio.sleep(5)
 
     async with serve(make_app(scheduler)) as client:
         await anyio.sleep(60)
-        started = await client.post("/jobs/digest/run", headers=ADMIN)
+        started = await client.post("/jobs/running/run", headers=ADMIN)
         assert started.status_code == 202
         body = started.json()
-        assert body["job"] == "digest" and body["tick"] == "2026-03-02T00:01:00Z"
-        assert body["runs"] == "/jobs/digest/runs"
+        assert body["job"] == "running" and body["tick"] == "2026-03-02T00:01:00Z"
+        assert body["runs"] == "/jobs/running/runs"
         assert body["id"].startswith(scheduler.instance.id + "#")
-        status = (await client.get("/jobs/digest")).json()
+        status = (await client.get("/jobs/running")).json()
         assert status["running"] is True
         await anyio.sleep(10)
-        waited = await client.post("/jobs/digest/run?wait=true", headers=ADMIN)
+        waited = await client.post("/jobs/running/run?wait=true", headers=ADMIN)
         assert waited.status_code == 200
         assert waited.json()["outcome"] == "ok" and waited.json()["attempts"] == 1
         assert waited.json()["duration_s"] == pytest.approx(5)
-        runs = (await client.get("/jobs/digest/runs")).json()
+        runs = (await client.get("/jobs/running/runs")).json()
     assert seen == [(START + timedelta(minutes=1), True), (START + timedelta(seconds=70), True)]
     assert [run["manual"] for run in runs] == [True, True]
     assert runs[1]["id"] == body["id"]  # newest first
