@@ -106,6 +106,20 @@ async def start_fastapi_jobs(rec: Recorder, n: int, interval: float, offset: flo
     from fastapi_jobs import Every, Scheduler
 
     scheduler = Scheduler(history=int(os.environ.get("BENCH_MEMORY_HISTORY", "50")))
+    if os.environ.get("BENCH_OBSERVER"):  # a plain observer of starts and ends: the hooks' cost
+        from fastapi_jobs import Observer, RunFinished, RunStarted
+
+        class Counting(Observer):
+            def __init__(self) -> None:
+                self.started = self.finished = 0
+
+            def run_started(self, event: RunStarted) -> None:
+                self.started += 1
+
+            def run_finished(self, event: RunFinished) -> None:
+                self.finished += 1
+
+        scheduler.add_observer(Counting())
     schedule = Every(seconds=interval, offset=offset)
     for i in range(n):
         scheduler.add_job(rec.body(i), schedule)

@@ -13,6 +13,7 @@ from ._errors import (
     StoreError,
 )
 from ._job import Job
+from ._observe import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
 from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron, Every, Schedule
@@ -45,17 +46,22 @@ __all__ = [
     "JobNotFoundError",
     "JobRunningError",
     "JobStatus",
+    "LeaseLost",
     "LeaseLostError",
     "LoopClock",
     "NotRunningError",
+    "Observer",
     "Outcome",
     "PauseState",
+    "RunFinished",
     "RunRecord",
     "RunResult",
+    "RunStarted",
     "Schedule",
     "Scheduler",
     "Store",
     "StoreError",
     "SystemClock",
+    "TickSkipped",
     "TriggeredRun",
 ]

@@ -159,11 +159,11 @@ class Dispatcher:
             stats = runner.stats
             stats.next_run_at = nxt
             if runner.paused_until > tick:
-                stats.skip("paused")  # a pause taken elsewhere reaches the claim too
+                runner.skipped("paused", tick)  # a pause taken elsewhere reaches the claim too
                 continue
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
-                stats.skip("overlap")  # dropped, not queued
+                runner.skipped("overlap", tick)  # dropped, not queued
                 continue
             runner.due = tick
             runner.in_flight = True
@@ -200,11 +200,11 @@ class Dispatcher:
                     continue
                 runner.settle()
                 if fences is None:
-                    runner.stats.skip("store_unavailable")  # logged by claim()
+                    runner.skipped("store_unavailable", runner.due)  # logged by claim()
                 elif fence is None:
-                    runner.stats.skip("claimed_elsewhere")
+                    runner.skipped("claimed_elsewhere", runner.due)
                 else:
-                    runner.stats.skip("store_unavailable")
+                    runner.skipped("store_unavailable", runner.due)
                     runner.logger.warning(
                         "job %r: the store refused its claim, tick skipped: %r",
                         runner.job.name,

@@ -28,11 +28,12 @@ from ._history import History
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._schedules import Every
-from ._status import ErrorInfo, JobStats, Outcome
+from ._status import ErrorInfo, JobStats, Outcome, SkipReason
 from ._store import Ended
 
 if TYPE_CHECKING:
     from ._claims import Claims
+    from ._observe import Observers
 
 __all__ = ["HISTORY", "JobRunner", "Manual", "Ran", "RunResult", "backoff"]
 
@@ -161,6 +162,7 @@ class JobRunner:
         "job",
         "leases",
         "manual",
+        "observers",
         "paused_until",
         "period_us",
         "stats",
@@ -211,6 +213,8 @@ class JobRunner:
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
         self.paused_until = math.inf if job.paused else 0.0
+        self.observers: Observers | None = None
+        """Told about runs and skips; None (not an empty one) when there are none."""
         """Ticks before this instant are skipped as paused (inf: until resumed)."""
         # Made on the first run; claimed runs are in the store's history instead.
         self.history: History | None = None
@@ -262,9 +266,17 @@ class JobRunner:
         tick (to run) and the one after it."""
         schedule = self.job.schedule
         missed, latest = schedule.ticks_between(tick, now)
-        self.stats.skip("missed", missed)
+        self.skipped("missed", tick, missed)
         self.place(latest)
         return latest, self.advance(latest)
+
+    def skipped(self, reason: SkipReason, tick: float | None, count: int = 1) -> None:
+        """``count`` ticks (from ``tick``) did not run here, for ``reason``."""
+        if count <= 0:
+            return
+        self.stats.skip(reason, count)
+        if self.observers is not None:
+            self.observers.skipped(self.job.name, tick, reason, count)
 
     def wake(self) -> None:
         """Run the job for :attr:`due` (with :attr:`fence` if claimed). Once
@@ -417,10 +429,11 @@ class JobRunner:
         missed, latest = self.job.schedule.ticks_between(last, now)
         if not missed:
             return None
+        first = self.job.schedule.next_after(last)  # the first tick missed
         if now - latest > deadline:
-            self.stats.skip("missed", missed)
+            self.skipped("missed", first, missed)
             return None
-        self.stats.skip("missed", missed - 1)
+        self.skipped("missed", first, missed - 1)
         self.logger.info(
             "job %r: %d tick(s) missed while down; catching up on the latest, %s",
             self.job.name,
@@ -461,7 +474,7 @@ class JobRunner:
             if lease.lost is not None:
                 if task is not None:
                     task.uncancel()  # the keeper's cancel is spent
-                self._record_lost(lease.lost)
+                self._record_lost(lease.lost, fence)
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
@@ -484,8 +497,10 @@ class JobRunner:
                 claims.release_soon(_new(Ended, ended))
         return ran
 
-    def _record_lost(self, reason: str) -> None:
+    def _record_lost(self, reason: str, fence: int) -> None:
         stats, name = self.stats, self.job.name
+        if self.observers is not None:
+            self.observers.lost(name, fence, reason)
         stats.failures += 1
         stats.last_outcome = "cancelled"
         stats.last_error = LeaseLostError(f"lease lost: {reason}; the run was cancelled")
@@ -579,7 +594,7 @@ class JobRunner:
                 break  # stop() cancelled the wait: the app is stopping
             attempt += 1
             self.stats.retries += 1
-            ran = await self.run(tick, state, manual=manual, fence=fence)
+            ran = await self.run(tick, state, manual=manual, fence=fence, attempt=attempt)
         finished = self.stats.last_finished_at or first
         duration = finished - first if finished > first else 0.0
         return _new(Ran, (ran.outcome, ran.error, duration, first, attempt))
@@ -594,6 +609,7 @@ class JobRunner:
         manual: bool = False,
         fence: int | None = None,
         started: float | None = None,
+        attempt: int = 1,
     ) -> Ran:
         """Run the job once, guarded: whatever the job raises is logged and
         recorded, never raised; a cancellation from outside the job (shutdown,
@@ -606,6 +622,9 @@ class JobRunner:
         stats.last_started_at = started
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
+        observers = self.observers
+        if observers is not None:
+            observers.started(job.name, tick, started, attempt, manual, fence)
         try:
             if not job.is_async:
                 error = await self._call_sync(self._args(tick, state, manual, fence))
@@ -639,6 +658,10 @@ class JobRunner:
             elif self._parent_logger.isEnabledFor(_DEBUG):
                 self.logger.debug(
                     "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
+                )
+            if observers is not None:
+                observers.finished(
+                    job.name, tick, started, attempt, manual, fence, outcome, duration, error
                 )
         return _new(Ran, (outcome, error, duration, started, 1))  # Ran(...) without its __new__
 

@@ -31,6 +31,7 @@ from ._heartbeat import Heartbeat
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
+from ._observe import Observers
 from ._runner import HISTORY, JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus, PauseState, RunRecord, utc
@@ -76,8 +77,10 @@ class Scheduler:
             database and every instance runs every job.
         clock: where time comes from; tests pass a :class:`LoopClock`.
         history: the runs of each job this process keeps in memory for
-            ``GET /jobs/{name}/runs`` (about 200 bytes each), 0 for none. Runs
+            ``GET /jobs/{name}/runs`` (24 bytes each), 0 for none. Runs
             claimed in a store are in the store's history instead.
+        observers: told about each run and each skipped tick (see
+            :class:`Observer`); more with :meth:`add_observer`.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Scheduler:
         store: Store | None = None,
         clock: Clock | None = None,
         history: int = HISTORY,
+        observers: Sequence[object] = (),
     ) -> None:
         if shutdown_timeout is not None:
             shutdown_timeout = seconds(
@@ -102,6 +106,9 @@ class Scheduler:
             )
         self._history = history
         self.logger = logger or logging.getLogger("fastapi_jobs")
+        self._observers = Observers(self.logger)
+        for observer in observers:
+            self._observers.add(observer)
         self.shutdown_timeout = shutdown_timeout
         self.clock: Clock = clock or SystemClock()
         self.store = store
@@ -182,9 +189,10 @@ class Scheduler:
                 "across restarts: pass Scheduler(store=...), and do not combine it "
                 "with every_instance=True"
             )
-        self._runners[job.name] = JobRunner(
+        runner = self._runners[job.name] = JobRunner(
             job, self._ticking_clock, self.logger, self._leases, self._history
         )
+        runner.observers = self._observers or None
         return job
 
     def every(
@@ -261,6 +269,15 @@ class Scheduler:
             paused=paused,
         )
 
+    def add_observer(self, observer: object) -> None:
+        """Tell ``observer`` about every run and skipped tick from now on: an
+        object with some of :class:`Observer`'s methods (plain ones are called in
+        the job's task and must be quick; ``async def`` ones are queued). An
+        observer that raises is logged; the job goes on."""
+        self._observers.add(observer)
+        for runner in self._runners.values():
+            runner.observers = self._observers
+
     def _decorator(self, schedule: Schedule, **options: Any) -> Callable[[F], F]:
         def register(func: F) -> F:
             self.add_job(func, schedule, **options)
@@ -326,6 +343,8 @@ class Scheduler:
             tasks = JobTasks(self._state, dispatcher, stopped)
             now = self._ticking_clock.now()
             self._claims = claims
+            observers = self._observers
+            observers.instance = self.instance.id
             for runner in runners:
                 runner.arm(claims, tasks)
                 if not ticking:
@@ -337,7 +356,7 @@ class Scheduler:
                 else:
                     tasks.spawn(runner)  # its task asks the store for missed ticks first
             async with anyio.create_task_group() as tg:
-                beating, keeping, releasing = (anyio.CancelScope() for _ in range(3))
+                beating, keeping, releasing, observing = (anyio.CancelScope() for _ in range(4))
                 dispatching = anyio.CancelScope()
                 if self._heartbeat is not None:
                     tg.start_soon(_run_in, beating, self._heartbeat.run)
@@ -345,6 +364,7 @@ class Scheduler:
                     tg.start_soon(_run_in, keeping, self._leases.run)
                 if claims is not None:
                     tg.start_soon(_run_in, releasing, claims.run)
+                tg.start_soon(_run_in, observing, observers.run)
                 tg.start_soon(tasks.run)
                 tg.start_soon(_run_in, dispatching, dispatcher.run)
                 try:
@@ -360,6 +380,8 @@ class Scheduler:
                         if claims is not None:
                             releasing.cancel()
                             await claims.flush()  # the releases of the last runs
+                        await observers.flush()  # the last runs' events
+                        observing.cancel()
         finally:
             self._state = self._claims = None
             if store is not None:

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import Every, Instance, JobContext, Scheduler
+from fastapi_jobs import Every, Instance, JobContext, LeaseLost, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, release1
@@ -322,8 +322,15 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
     and recorded as a lost lease, before a peer could take over."""
     url = postgres.url(postgres.create_database(), driver=driver)
     progress: list[str] = []
+    lost: list[LeaseLost] = []
     async with engine_for(url) as engine:
         scheduler = instance(engine, lease=0.6, timeout=0.15)
+
+        class Observing:
+            def lease_lost(self, event: LeaseLost) -> None:
+                lost.append(event)
+
+        scheduler.add_observer(Observing())
 
         @scheduler.every(days=36500, run_on_startup=True)  # the startup run only
         async def long(ctx: JobContext) -> None:
@@ -343,6 +350,8 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
     assert status.last_error.type == "LeaseLostError"
     assert "lease ran out" in status.last_error.message
     assert status.running is False
+    assert [(e.job, e.fence) for e in lost] == [("long", 1)]  # observers are told
+    assert "lease ran out" in lost[0].reason
 
 
 async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart(
