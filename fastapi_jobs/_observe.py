@@ -17,8 +17,8 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import anyio
 
@@ -35,6 +35,7 @@ __all__ = [
     "TickSkipped",
 ]
 
+_new = tuple.__new__  # a NamedTuple without its Python __new__: events are made per run
 KINDS = ("run_started", "run_finished", "tick_skipped", "lease_lost")
 # Async observers' events waiting to be delivered, at most; past it the oldest
 # are dropped (and counted in a warning), so a stuck webhook costs bounded memory.
@@ -43,28 +44,35 @@ QUEUE = 10_000
 FLUSH = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class RunStarted:
-    """A run (one attempt) of a job has started."""
+class RunStarted(NamedTuple):
+    """A run (one attempt) of a job has started. Times are POSIX seconds (cheap to
+    make for every run); ``tick_at`` and ``started_at`` give them as datetimes."""
 
     job: str
-    tick: datetime
+    tick: float
     """The tick it runs for (for a run by hand, when it was asked for)."""
-    started_at: datetime
+    started: float
     attempt: int
     """1, then 2, 3... for the retries of the same tick."""
     manual: bool
     fence: int | None
     instance: str
 
+    @property
+    def tick_at(self) -> datetime:
+        return _at(self.tick)
 
-@dataclass(frozen=True, slots=True)
-class RunFinished:
-    """A run (one attempt) of a job has ended."""
+    @property
+    def started_at(self) -> datetime:
+        return _at(self.started)
+
+
+class RunFinished(NamedTuple):
+    """A run (one attempt) of a job has ended (times as in :class:`RunStarted`)."""
 
     job: str
-    tick: datetime
-    started_at: datetime
+    tick: float
+    started: float
     attempt: int
     manual: bool
     fence: int | None
@@ -74,20 +82,31 @@ class RunFinished:
     error: BaseException | None
     """The job's exception (a ``TimeoutError`` if it timed out); None if ok or cancelled."""
 
+    @property
+    def tick_at(self) -> datetime:
+        return _at(self.tick)
 
-@dataclass(frozen=True, slots=True)
-class TickSkipped:
-    """Ticks of a job that did not run here (``count`` of them, for ``missed``)."""
+    @property
+    def started_at(self) -> datetime:
+        return _at(self.started)
+
+
+class TickSkipped(NamedTuple):
+    """Ticks of a job that did not run here (``ticks`` of them: several for
+    ``missed``), from ``tick`` (POSIX seconds; None if unknown)."""
 
     job: str
-    tick: datetime | None
+    tick: float | None
     reason: SkipReason
-    count: int
+    ticks: int
     instance: str
 
+    @property
+    def tick_at(self) -> datetime | None:
+        return utc(self.tick)
 
-@dataclass(frozen=True, slots=True)
-class LeaseLost:
+
+class LeaseLost(NamedTuple):
     """A claimed run lost its lease and was cancelled."""
 
     job: str
@@ -161,8 +180,8 @@ class Observers:
         fence: int | None,
     ) -> None:
         if self._sync["run_started"] or self._async["run_started"]:
-            event = RunStarted(job, _at(tick), _at(started), attempt, manual, fence, self.instance)
-            self._emit("run_started", event)
+            event = (job, tick, started, attempt, manual, fence, self.instance)
+            self._emit("run_started", _new(RunStarted, event))
 
     def finished(
         self,
@@ -177,23 +196,12 @@ class Observers:
         error: BaseException | None,
     ) -> None:
         if self._sync["run_finished"] or self._async["run_finished"]:
-            event = RunFinished(
-                job,
-                _at(tick),
-                _at(started),
-                attempt,
-                manual,
-                fence,
-                self.instance,
-                outcome,
-                duration,
-                error,
-            )
-            self._emit("run_finished", event)
+            event = (job, tick, started, attempt, manual, fence, self.instance, outcome)
+            self._emit("run_finished", _new(RunFinished, (*event, duration, error)))
 
     def skipped(self, job: str, tick: float | None, reason: SkipReason, count: int) -> None:
         if self._sync["tick_skipped"] or self._async["tick_skipped"]:
-            self._emit("tick_skipped", TickSkipped(job, utc(tick), reason, count, self.instance))
+            self._emit("tick_skipped", TickSkipped(job, tick, reason, count, self.instance))
 
     def lost(self, job: str, fence: int, reason: str) -> None:
         if self._sync["lease_lost"] or self._async["lease_lost"]:

@@ -60,12 +60,17 @@ async def test_an_observer_is_told_each_attempt_of_a_run_with_its_outcome() -> N
     started, failed, restarted, finished = recorder.events
     tick = START + timedelta(hours=1)
     assert isinstance(started, RunStarted) and isinstance(restarted, RunStarted)
-    assert (started.job, started.tick, started.attempt, started.manual) == ("flaky", tick, 1, False)
+    assert (started.job, started.tick_at, started.attempt, started.manual) == (
+        "flaky",
+        tick,
+        1,
+        False,
+    )
     assert started.instance == scheduler.instance.id and started.fence is None
     assert isinstance(failed, RunFinished) and isinstance(finished, RunFinished)
     assert (failed.outcome, failed.attempt, type(failed.error)) == ("failed", 1, ConnectionError)
     assert (restarted.attempt, finished.attempt, finished.outcome) == (2, 2, "ok")
-    assert finished.error is None and finished.tick == tick
+    assert finished.error is None and finished.tick == tick.timestamp()
     assert 5 <= (restarted.started_at - started.started_at).total_seconds() <= 10
 
 
@@ -84,7 +89,7 @@ async def test_skipped_ticks_are_told_with_their_reason() -> None:
     async with scheduler.running():
         await anyio.sleep(2 * HOUR + 1)
     skips = [
-        (e.job, e.reason, e.tick, e.count) for e in recorder.events if isinstance(e, TickSkipped)
+        (e.job, e.reason, e.tick_at, e.ticks) for e in recorder.events if isinstance(e, TickSkipped)
     ]
     assert ("waiting", "paused", START + timedelta(hours=1), 1) in skips
     assert ("waiting", "paused", START + timedelta(hours=2), 1) in skips
