@@ -2,8 +2,10 @@
 
 An observer is any object with some of the methods of :class:`Observer`
 (``run_started``, ``run_finished``, ``tick_skipped``, ``lease_lost``), each
-taking one event. A plain method is called at once, in the job's own task (so
-a tracer can make its span current for the run); it must be quick. An
+taking one event. A plain method is called at once: ``run_started`` and
+``run_finished`` in the job's own task (so a tracer can make its span current
+for the run), the others where the skip or the loss is noticed (the timer's
+task, the job's task); it must be quick. An
 ``async def`` method is queued and awaited by one task of the scheduler, in
 the order of the events, so a slow webhook delays no run. An observer that
 raises is logged and the job goes on. Without observers, a run pays one
