@@ -212,7 +212,14 @@ class Observers:
     def _emit(self, kind: str, event: object) -> None:
         for hook in self._sync[kind]:
             try:
-                hook(event)
+                result = hook(event)
+                if result is not None and inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no warning about it
+                    raise TypeError(
+                        f"it returned {type(result).__name__}, which is not awaited: "
+                        "declare the method `async def`"
+                    )
             except (Exception, SystemExit, asyncio.CancelledError) as exc:  # noqa: BLE001
                 # An observer's bug, whatever it raised: never the job's.
                 self._failed(hook, exc)

@@ -161,6 +161,28 @@ async def test_an_observer_that_raises_is_logged_and_hurts_no_job_nor_other_obse
     assert "observer Broken.tick_skipped raised RuntimeError('async observer bug')" in caplog.text
 
 
+async def test_a_plain_method_that_returns_a_coroutine_is_told_to_be_async(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Sloppy:
+        async def _send(self, event: RunStarted) -> None: ...
+
+        def run_started(self, event: RunStarted) -> object:
+            return self._send(event)  # a coroutine nobody awaits
+
+    scheduler = virtual_scheduler(observers=[Sloppy()])
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    with caplog.at_level(logging.WARNING):
+        async with scheduler.running():
+            await anyio.sleep(HOUR + 1)
+    assert scheduler.job_status("digest").last_outcome == "ok"
+    assert "Sloppy.run_started raised TypeError" in caplog.text
+    assert "declare the method `async def`" in caplog.text
+
+
 def test_an_object_with_no_hook_is_not_an_observer() -> None:
     scheduler = virtual_scheduler()
     with pytest.raises(ConfigurationError, match="run_started, run_finished"):
