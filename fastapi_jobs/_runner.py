@@ -213,9 +213,9 @@ class JobRunner:
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
         self.paused_until = math.inf if job.paused else 0.0
+        """Ticks before this instant are skipped as paused (inf: until resumed)."""
         self.observers: Observers | None = None
         """Told about runs and skips; None (not an empty one) when there are none."""
-        """Ticks before this instant are skipped as paused (inf: until resumed)."""
         # Made on the first run; claimed runs are in the store's history instead.
         self.history: History | None = None
         self._keep = keep
@@ -555,6 +555,10 @@ class JobRunner:
     ) -> Ran:
         job, clock, name = self.job, self._clock, self.job.name
         first, attempt = ran.started, 1
+        # The tick after this one, as it stood when the tick ran: a long attempt
+        # may outlast it (dropped as overlap, and the next moves on), and no retry
+        # may start after it all the same.
+        limit = self.stats.next_run_at
         while attempt <= job.retries and ran.outcome != "ok":
             if ran.outcome == "cancelled" or (
                 ran.outcome == "timed_out" and not job.retry_timeouts
@@ -565,8 +569,7 @@ class JobRunner:
                 self.logger.warning("job %r: not retried, the app is stopping", name, extra=extra)
                 break
             at = clock.now() + backoff(job.retry_backoff, attempt)
-            nxt = self.stats.next_run_at
-            if nxt is not None and at >= nxt:
+            if limit is not None and at >= limit:
                 self.logger.warning(
                     "job %r: retry %d of %d dropped: it would start after the job's "
                     "next tick, which runs as usual",

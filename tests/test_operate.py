@@ -326,6 +326,27 @@ async def test_retries_stop_before_the_next_tick(caplog: pytest.LogCaptureFixtur
     assert runs[-1].outcome == "failed" and runs[-1].attempts >= 2
 
 
+async def test_no_retry_starts_after_the_next_tick_even_when_an_attempt_outlasts_it() -> None:
+    scheduler = virtual_scheduler()
+    starts: list[float] = []
+
+    async def slow_failure() -> None:
+        starts.append(scheduler.clock.now())
+        await anyio.sleep(50)
+        raise ConnectionError("upstream")
+
+    scheduler.add_job(slow_failure, Every(minutes=1), retries=3, retry_backoff=1)
+    async with scheduler.running():
+        await anyio.sleep(60 + 170)  # the 0:01 tick, and its retries
+    first = START.timestamp() + 60
+    # 0:01:00 fails at 0:01:50; its retry starts before 0:02 and fails at ~0:02:41,
+    # past 0:02 (that tick is dropped): a third try would start after 0:02, so none.
+    of_the_first_tick = [t for t in starts if first <= t < first + 120]  # 0:03 is a tick
+    assert len(of_the_first_tick) == 2
+    assert of_the_first_tick[1] < first + 60
+    assert scheduler.job_status("slow_failure").skipped.get("overlap") == 1
+
+
 async def test_a_timeout_is_retried_unless_the_job_says_otherwise() -> None:
     scheduler = virtual_scheduler()
     calls: dict[str, int] = {"slow": 0, "slow_once": 0}
