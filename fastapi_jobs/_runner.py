@@ -114,11 +114,9 @@ class Ran(NamedTuple):
 class Manual:
     """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
 
-    __slots__ = ("done", "fence", "ran", "tick")
+    __slots__ = ("done", "ran")
 
-    def __init__(self, tick: float) -> None:
-        self.tick = tick
-        self.fence: int | None = None
+    def __init__(self) -> None:
         self.ran: Ran | None = None
         """How it ended; None until :attr:`done` (and for a cancelled run)."""
         self.done = anyio.Event()
@@ -385,7 +383,7 @@ class JobRunner:
                     self.in_flight = False
                     if manual is not None:
                         self.manual = None
-                        manual.fence, manual.ran = fence, ran
+                        manual.ran = ran
                         manual.done.set()
         except BaseException as exc:
             if not (self.stopping and _is_cancellation(exc)):

@@ -493,7 +493,7 @@ class Scheduler:
         if state is None:
             state = self._state if self._state is not None else {}
         tick = self.clock.now()
-        ran = await runner.attempts(tick, state, Manual(tick))
+        ran = await runner.attempts(tick, state, Manual())
         return RunResult(
             name=name,
             outcome=ran.outcome,
@@ -535,7 +535,7 @@ class Scheduler:
             )
         if runner.busy:
             raise self._busy(runner)
-        manual = Manual(tick)
+        manual = Manual()
         runner.in_flight = True  # no scheduled tick starts here meanwhile
         fence: int | None = None
         if runner.leases is not None:
