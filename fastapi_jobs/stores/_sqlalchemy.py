@@ -355,8 +355,6 @@ class SQLAlchemyStore:
     async def read(self) -> ClusterView:
         c, i = self.claims, self.instances
 
-        p = self.pauses_table
-
         async def query(conn: AsyncConnection) -> tuple[Any, Any, Any, Any]:
             now = (await conn.execute(sa.select(db_now()))).scalar_one()
             rows = (await conn.execute(sa.select(c))).mappings().all()
@@ -364,12 +362,11 @@ class SQLAlchemyStore:
             live = await conn.execute(
                 sa.select(i).where(i.c.seen_at > now - 3 * self.heartbeat).order_by(i.c.started_at)
             )
-            pauses = await conn.execute(sa.select(p.c.job, p.c.paused, p.c.until))
-            return now, rows, live.mappings().all(), pauses.all()
+            return now, rows, live.mappings().all(), await self._read_pauses(conn)
 
         now, rows, live, pauses = await self._run(query)
         return ClusterView(
-            pauses={job: _paused_until(paused, until) for job, paused, until in pauses},
+            pauses=pauses,
             jobs={
                 row["job"]: ClusterJobStatus(
                     last_tick=utc(row["last_tick"]),
@@ -423,8 +420,11 @@ class SQLAlchemyStore:
         await self._run(lambda conn: conn.execute(upsert))
 
     async def pauses(self) -> dict[str, float]:
+        return await self._run(self._read_pauses)
+
+    async def _read_pauses(self, conn: AsyncConnection) -> dict[str, float]:
         p = self.pauses_table
-        rows = await self._run(lambda conn: conn.execute(sa.select(p.c.job, p.c.paused, p.c.until)))
+        rows = await conn.execute(sa.select(p.c.job, p.c.paused, p.c.until))
         return {job: _paused_until(paused, until) for job, paused, until in rows.all()}
 
     async def runs(self, job: str, limit: int) -> list[RunRecord]:
