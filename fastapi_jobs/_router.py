@@ -103,7 +103,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
     return router
 
 
-class Started(BaseModel):
+class TriggerAccepted(BaseModel):
     """A run asked for and started (202), not yet ended."""
 
     id: str = Field(description="The run's id in GET /jobs/{name}/runs.")
@@ -113,7 +113,7 @@ class Started(BaseModel):
     runs: str = Field(description="Where to watch it: the job's run history.")
 
 
-class Ended(Started):
+class TriggerEnded(TriggerAccepted):
     """A run asked for with ?wait=true that ended (200)."""
 
     outcome: Outcome | None = Field(description="None: it never ran to an end (the app stopped).")
@@ -128,13 +128,13 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
     @router.post(
         "/{name}/run",
         status_code=202,
-        response_model=Started,
+        response_model=TriggerAccepted,
         summary="Run a job now",
         description="With a store the run is claimed like a tick: it runs on one instance, "
         "and no scheduled tick runs beside it. 202 once started; with wait=true, 200 "
         "with the outcome once ended (202 if it has not ended within `timeout`).",
         responses={
-            200: {"model": Ended, "description": "It ended (wait=true)."},
+            200: {"model": TriggerEnded, "description": "It ended (wait=true)."},
             409: {"description": "A run of the job is going (when it started, and where)."},
             **_NOT_FOUND,
             **_NO_STORE,
@@ -150,7 +150,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
             triggered = await scheduler.trigger(name)
         except (JobNotFoundError, JobRunningError, StoreError, NotRunningError) as exc:
             _fail(exc)
-        started = Started(
+        started = TriggerAccepted(
             id=triggered.id,
             job=name,
             tick=triggered.tick,
@@ -162,7 +162,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
             return started
         with anyio.move_on_after(timeout):
             result = await triggered.wait()
-            ended = Ended(
+            ended = TriggerEnded(
                 **started.model_dump(),
                 outcome=None if result is None else result.outcome,
                 attempts=0 if result is None else result.attempts,
