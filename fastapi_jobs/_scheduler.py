@@ -34,7 +34,7 @@ from ._logging import make_visible
 from ._observe import Observers
 from ._runner import HISTORY, JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterView, JobStatus, PauseState, RunRecord, utc
+from ._status import ClusterView, ErrorInfo, JobStatus, PauseState, RunRecord, utc
 from ._store import Ended, Instance, Store
 from ._tasks import JobTasks
 
@@ -553,7 +553,8 @@ class Scheduler:
                 )
             if isinstance(got, Exception):
                 raise StoreError(
-                    f"cannot trigger {name!r}: the database refused its claim ({got!r}); "
+                    f"cannot trigger {name!r}: the database refused its claim "
+                    f"({ErrorInfo.of(got)}); "
                     "nothing ran"
                 )
             if got is None:
@@ -646,7 +647,7 @@ class Scheduler:
             except Exception as exc:
                 raise StoreError(
                     f"cannot reach the store to {'resume' if resume else 'pause'} {name!r} "
-                    f"({exc!r}); nothing changed"
+                    f"({ErrorInfo.of(exc)}); nothing changed"
                 ) from exc
         runner.paused_until = 0.0 if resume else math.inf if until is None else until
         self.logger.info(
@@ -688,7 +689,9 @@ class Scheduler:
                 with anyio.fail_after(store.timeout):
                     return await store.runs(name, limit)
             except Exception as exc:
-                raise StoreError(f"cannot read the run history of {name!r}: {exc!r}") from exc
+                raise StoreError(
+                    f"cannot read the run history of {name!r}: {ErrorInfo.of(exc)}"
+                ) from exc
         history = runner.history
         return [] if history is None else history.records(name, self.instance.id, limit)
 

@@ -5,7 +5,10 @@ and its retention."""
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections.abc import Awaitable, Callable
+from contextlib import closing
+from pathlib import Path
 
 import anyio
 import pytest
@@ -226,3 +229,26 @@ async def test_a_store_from_before_the_history_gets_its_new_tables(database_url:
         assert [r.fence for r in await store.runs("digest", 5)] == [2]
         await store.pause("digest", None)
         assert await store.pauses() == {"digest": math.inf}
+
+
+async def test_a_database_error_reaches_the_answer_without_its_sql(tmp_path: Path) -> None:
+    """The 503 says what failed as the status does: type and first line, never the
+    statement nor its parameters."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    scheduler = Scheduler(store=SQLAlchemyStore(url, lease=3, timeout=0.5))
+
+    @scheduler.every(days=3650)
+    async def digest() -> None: ...
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        assert (await client.get("/jobs/digest/runs")).json() == []
+        with closing(sqlite3.connect(tmp_path / "jobs.sqlite3")) as conn:
+            conn.execute("DROP TABLE fastapi_jobs_runs")
+            conn.commit()
+        answer = await client.get("/jobs/digest/runs")
+    assert answer.status_code == 503
+    detail = answer.json()["detail"]
+    assert "OperationalError" in detail and "no such table" in detail
+    assert "[SQL" not in detail and "SELECT" not in detail
