@@ -26,6 +26,7 @@ from ._logging import FORMAT
 from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron
+from ._status import pause_end
 
 __all__ = ["main"]
 
@@ -232,11 +233,9 @@ async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
             where = "every instance"
         else:
             where = "every process (no store)"
-        until = None if pauses is None else pauses.get(name)
-        if until is None:
-            until = float("inf") if job.paused else 0.0
+        until = job.declared_pause if pauses is None else pauses.get(name, job.declared_pause)
         paused = "paused" if until > now else "not paused"
-        if now < until < float("inf"):
+        if pause_end(until, now) is not None:
             paused += f" until {_when(until)}"
         if pauses is None and scheduler.store is not None:
             paused += " (as declared: the store could not be read)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -41,6 +42,12 @@ class Job:
     """Whether a run that timed out is retried like a failed one."""
     paused: bool = False
     """Declared paused: the job waits for an operator's resume."""
+
+    @property
+    def declared_pause(self) -> float:
+        """Its ``paused_until`` while no operator paused or resumed it: until
+        resumed (inf) if declared paused, else none (0)."""
+        return math.inf if self.paused else 0.0
 
     @classmethod
     def build(

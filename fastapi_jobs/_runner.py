@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import random
 import threading
 from collections.abc import Callable, Mapping
@@ -210,7 +209,7 @@ class JobRunner:
         self.claimed_at = 0.0
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
-        self.paused_until = math.inf if job.paused else 0.0
+        self.paused_until = job.declared_pause
         """Ticks before this instant are skipped as paused (inf: until resumed)."""
         self.observers: Observers | None = None
         """Told about runs and skips; None (not an empty one) when there are none."""

@@ -34,7 +34,15 @@ from ._logging import make_visible
 from ._observe import Observers
 from ._runner import HISTORY, JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterView, ErrorInfo, JobStatus, PauseState, RunRecord, utc
+from ._status import (
+    ClusterView,
+    ErrorInfo,
+    JobStatus,
+    PauseState,
+    RunRecord,
+    pause_end,
+    utc,
+)
 from ._store import Ended, Instance, Store
 from ._tasks import JobTasks
 
@@ -660,21 +668,18 @@ class Scheduler:
 
     def _pause_state(self, runner: JobRunner) -> PauseState:
         until = runner.paused_until
-        paused = until > self._ticking_clock.now()
+        now = self._ticking_clock.now()
         return PauseState(
             job=runner.job.name,
-            paused=paused,
-            until=utc(until) if paused and until < math.inf else None,
+            paused=until > now,
+            until=pause_end(until, now),
             scope="cluster" if self.store is not None else "process",
         )
 
     def _apply_pauses(self, pauses: Mapping[str, float]) -> None:
         """The store's pauses (each heartbeat): every job's pause as the cluster has it."""
         for name, runner in self._runners.items():
-            until = pauses.get(name)
-            if until is None:
-                until = math.inf if runner.job.paused else 0.0
-            runner.paused_until = until
+            runner.paused_until = pauses.get(name, runner.job.declared_pause)
 
     async def runs(self, name: str, *, limit: int = 20) -> list[RunRecord]:
         """The last ``limit`` runs of ``name``, newest first: with a store, of

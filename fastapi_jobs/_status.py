@@ -24,6 +24,7 @@ __all__ = [
     "PauseState",
     "RunRecord",
     "SkipReason",
+    "pause_end",
     "utc",
 ]
 
@@ -209,6 +210,12 @@ def utc(ts: float | None) -> datetime | None:
         return None
 
 
+def pause_end(paused_until: float, now: float) -> datetime | None:
+    """When a pause in force at ``now`` ends; None if none is, or it lasts until
+    resumed."""
+    return utc(paused_until) if now < paused_until < math.inf else None
+
+
 class JobStats:
     """Mutable counters of one job in this process."""
 
@@ -255,7 +262,6 @@ class JobStats:
         now: float,
     ) -> JobStatus:
         error = self.last_error
-        paused = paused_until > now
         return JobStatus(
             name=name,
             instance=instance,
@@ -272,7 +278,7 @@ class JobStats:
             skipped_ticks=sum(self.skipped.values()) if self.skipped else 0,
             skipped=dict(self.skipped or {}),
             claims=claims,
-            paused=paused,
-            paused_until=utc(paused_until) if paused and paused_until < math.inf else None,
+            paused=paused_until > now,
+            paused_until=pause_end(paused_until, now),
             retries=self.retries,
         )
