@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from ._errors import ConfigurationError, short
 from ._runner import Manual, RunResult
 
-__all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until", "run_id"]
+__all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until"]
 
 MAX_RUNS = 1000
 """The most runs ``runs()`` / ``GET /jobs/{name}/runs`` return at once."""
@@ -91,8 +91,3 @@ def check_limit(limit: object) -> int:
             f"limit={short(limit)}: must be a whole number from 1 to {MAX_RUNS}"
         )
     return limit
-
-
-def run_id(instance: str, seq: int, fence: int | None) -> str:
-    """A run's id: its claim's fence with a store, else ``instance#n``."""
-    return str(fence) if fence is not None else f"{instance}#{seq}"

@@ -20,11 +20,17 @@ from ._status import ErrorInfo, Outcome, RunRecord, utc
 if TYPE_CHECKING:
     from ._runner import Ran
 
-__all__ = ["History"]
+__all__ = ["History", "run_id"]
 
 _Rest = tuple[Outcome, int, bool, str | None]  # outcome, attempts, manual, error
 _USUAL: _Rest = ("ok", 1, False, None)
 _FIRST = 4  # runs the ring has room for at first; doubled up to `keep`
+
+
+def run_id(instance: str, n: int, fence: int | None) -> str:
+    """A run's id: its claim's fence with a store, else ``instance#n`` (the n-th
+    run of the job this process recorded)."""
+    return str(fence) if fence is not None else f"{instance}#{n}"
 
 
 class History:
@@ -74,7 +80,7 @@ class History:
             outcome, attempts, manual, error = (self._unusual or {}).get(slot, _USUAL)
             out.append(
                 RunRecord(
-                    id=f"{instance}#{n}",
+                    id=run_id(instance, n, None),
                     job=job,
                     tick=utc(tick),
                     manual=manual,

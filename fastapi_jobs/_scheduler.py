@@ -17,7 +17,7 @@ import anyio
 from ._checks import seconds
 from ._claims import Claims
 from ._clock import Clock, OffsetClock, SystemClock
-from ._control import TriggeredRun, check_limit, check_until, run_id
+from ._control import TriggeredRun, check_limit, check_until
 from ._dispatcher import Dispatcher
 from ._errors import (
     ConfigurationError,
@@ -28,6 +28,7 @@ from ._errors import (
     short,
 )
 from ._heartbeat import Heartbeat
+from ._history import run_id
 from ._job import Job
 from ._leases import LeaseKeeper
 from ._logging import make_visible
