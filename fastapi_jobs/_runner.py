@@ -655,10 +655,12 @@ class JobRunner:
             stats.last_outcome = outcome
             if outcome != "ok":
                 self._report(outcome, error, duration)
-            elif self._parent_logger.isEnabledFor(_DEBUG):
-                self.logger.debug(
-                    "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
-                )
+            else:
+                stats.last_ok_at = finished
+                if self._parent_logger.isEnabledFor(_DEBUG):
+                    self.logger.debug(
+                        "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
+                    )
             if observers is not None:
                 observers.finished(
                     job.name, tick, started, attempt, manual, fence, outcome, duration, error
@@ -732,12 +734,14 @@ class JobRunner:
         stats, name = self.stats, self.job.name
         extra = {"job": name, "outcome": outcome, "duration_s": duration}
         if outcome == "cancelled":
+            stats.cancelled += 1
             # Shutdown logs which jobs it cut; keep the previous error visible.
             self.logger.warning("job %r was cancelled after %.3fs", name, duration, extra=extra)
             return
         stats.failures += 1
         stats.last_error = error
         if outcome == "timed_out":
+            stats.timeouts += 1
             note = "" if self.job.is_async else " (when its thread returned)"
             self.logger.error("job %r timed out after %.3fs%s", name, duration, note, extra=extra)
         else:

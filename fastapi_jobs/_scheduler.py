@@ -134,6 +134,8 @@ class Scheduler:
         self._state: Mapping[str, Any] | None = None
         self._claims: Claims | None = None
         self._router: APIRouter | None = None
+        # Tasks that live as long as the jobs run (the metrics' cluster reads).
+        self._services: list[Callable[[], Awaitable[None]]] = []
 
     # -- declaring jobs ---------------------------------------------------
 
@@ -374,6 +376,9 @@ class Scheduler:
                 if claims is not None:
                     tg.start_soon(_run_in, releasing, claims.run)
                 tg.start_soon(_run_in, observing, observers.run)
+                serving = [anyio.CancelScope() for _ in self._services]
+                for scope, service in zip(serving, self._services, strict=True):
+                    tg.start_soon(_run_in, scope, service)
                 tg.start_soon(tasks.run)
                 tg.start_soon(_run_in, dispatching, dispatcher.run)
                 try:
@@ -381,6 +386,8 @@ class Scheduler:
                 finally:
                     with anyio.CancelScope(shield=True):
                         beating.cancel()
+                        for scope in serving:
+                            scope.cancel()
                         dispatcher.stop()  # no more ticks; claims in flight run their winners
                         await self._drain(runners, tasks, stopped)
                         dispatching.cancel()  # a claim still stuck past the deadline

@@ -133,6 +133,11 @@ class ClusterJobStatus(BaseModel):
     last_duration_s: float | None
     last_outcome: Outcome | None
     last_error: str | None = Field(description="'Type: message' of the last run, if it failed.")
+    last_success_at: datetime | None = Field(
+        default=None,
+        description="When its latest successful run ended (database clock); null if none "
+        "is on record (never succeeded, or older than the run history the store keeps).",
+    )
     last_instance: str = Field(description="The instance that claimed the last tick.")
     running_on: str | None = Field(
         description="The instance holding a live lease on this job now, if any."
@@ -158,6 +163,9 @@ class ClusterView(BaseModel):
         default_factory=dict,
         exclude=True,
         description="As Store.pauses(): paused until (inf: until resumed; 0: resumed).",
+    )
+    read_at: float | None = Field(
+        default=None, exclude=True, description="When it was read, on the database's clock."
     )
 
 
@@ -220,10 +228,12 @@ class JobStats:
     """Mutable counters of one job in this process."""
 
     __slots__ = (
+        "cancelled",
         "failures",
         "last_duration",
         "last_error",
         "last_finished_at",
+        "last_ok_at",
         "last_outcome",
         "last_started_at",
         "next_run_at",
@@ -231,6 +241,7 @@ class JobStats:
         "running",
         "runs",
         "skipped",
+        "timeouts",
     )
 
     def __init__(self) -> None:
@@ -238,9 +249,13 @@ class JobStats:
         self.runs = 0
         self.retries = 0
         self.failures = 0
+        """Runs that failed or timed out (``timeouts`` of them timed out)."""
+        self.timeouts = 0
+        self.cancelled = 0
         self.next_run_at: float | None = None
         self.last_started_at: float | None = None
         self.last_finished_at: float | None = None
+        self.last_ok_at: float | None = None
         self.last_duration: float | None = None
         self.last_outcome: Outcome | None = None
         self.last_error: BaseException | None = None

@@ -44,6 +44,8 @@ T = TypeVar("T")
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
 _FUTURE_MARGIN = 1.0
+# The last successes of at most this many jobs are asked by name (see _last_successes).
+_MAX_LISTED = 500
 # A batch's rows go to the database as one JSON array (see _schema._rows).
 _json = json.JSONEncoder(allow_nan=False).encode
 _NOT_OPEN = "the store is not open: it opens when the scheduler starts"
@@ -355,18 +357,20 @@ class SQLAlchemyStore:
     async def read(self) -> ClusterView:
         c, i = self.claims, self.instances
 
-        async def query(conn: AsyncConnection) -> tuple[Any, Any, Any, Any]:
+        async def query(conn: AsyncConnection) -> tuple[Any, Any, Any, Any, Any]:
             now = (await conn.execute(sa.select(db_now()))).scalar_one()
             rows = (await conn.execute(sa.select(c))).mappings().all()
             # Instances count as live for three missed heartbeats.
             live = await conn.execute(
                 sa.select(i).where(i.c.seen_at > now - 3 * self.heartbeat).order_by(i.c.started_at)
             )
-            return now, rows, live.mappings().all(), await self._read_pauses(conn)
+            pauses = await self._read_pauses(conn)
+            return now, rows, live.mappings().all(), pauses, await self._last_successes(conn, rows)
 
-        now, rows, live, pauses = await self._run(query)
+        now, rows, live, pauses, successes = await self._run(query)
         return ClusterView(
             pauses=pauses,
+            read_at=float(now),
             jobs={
                 row["job"]: ClusterJobStatus(
                     last_tick=utc(row["last_tick"]),
@@ -377,6 +381,9 @@ class SQLAlchemyStore:
                     last_outcome=row["outcome"],
                     last_error=row["error"],
                     last_instance=row["owner"],
+                    last_success_at=utc(
+                        row["finished_at"] if row["outcome"] == "ok" else successes.get(row["job"])
+                    ),
                     running_on=row["owner"]
                     if row["lease_until"] is not None and row["lease_until"] > now
                     else None,
@@ -394,6 +401,22 @@ class SQLAlchemyStore:
                 for row in live
             ],
         )
+
+    async def _last_successes(
+        self, conn: AsyncConnection, claims: Sequence[sa.RowMapping]
+    ) -> dict[str, float]:
+        """When the latest successful run of each job whose last run was not one
+        ended: from the run history (the claims row keeps only the last run),
+        for those jobs only (few, usually), through the (job, id) index."""
+        jobs = [row["job"] for row in claims if row["outcome"] != "ok"]
+        if not jobs or not self.history:
+            return {}
+        r = self.runs_table
+        query = sa.select(r.c.job, sa.func.max(r.c.finished_at)).where(r.c.outcome == "ok")
+        if len(jobs) <= _MAX_LISTED:  # else every job (a bound parameter per job has limits)
+            query = query.where(r.c.job.in_(jobs))
+        query = query.group_by(r.c.job)
+        return {job: float(at) for job, at in (await conn.execute(query)).all()}
 
     # -- operators: pauses and history -------------------------------------
 
