@@ -30,7 +30,7 @@ async def test_a_complete_readme_block_runs(
     code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The block runs in a fresh namespace (SQLite files in a temporary folder); its
-    app serves /jobs behind its auth, and each of its jobs runs once."""
+    app serves /jobs behind its auth (or its metrics), and each of its jobs runs once."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("JOBS_TOKEN", "readme-token")
@@ -40,12 +40,18 @@ async def test_a_complete_readme_block_runs(
     assert isinstance(scheduler, Scheduler) and scheduler.jobs
     app = namespace.get("app")
     if isinstance(app, FastAPI):
+        paths = [getattr(route, "path", "") for route in app.routes]
         async with serve(app) as client:
-            assert (await client.get("/jobs")).status_code == 401
-            admin = {"Authorization": "Bearer readme-token"}
-            listed = await client.get("/jobs", headers=admin)
-            assert listed.status_code == 200
-            assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
+            if "/metrics" in paths:  # the metrics example: its jobs' figures there
+                scraped = (await client.get("/metrics/")).text
+                for name in scheduler.jobs:
+                    assert f'fastapi_jobs_interval_seconds{{job_name="{name}"}}' in scraped
+            else:
+                assert (await client.get("/jobs")).status_code == 401
+                admin = {"Authorization": "Bearer readme-token"}
+                listed = await client.get("/jobs", headers=admin)
+                assert listed.status_code == 200
+                assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
             results = [await scheduler.run_now(name) for name in scheduler.jobs]
     else:
         async with scheduler.running():
