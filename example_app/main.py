@@ -3,8 +3,10 @@
 SQLite by default (a file in the working directory); set DATABASE_URL to use
 another database, e.g. ``postgresql+asyncpg://user:pass@localhost/app``.
 
-The job status at /jobs is for admins: set JOBS_TOKEN and send it as
-``Authorization: Bearer <token>``.
+The job status at /jobs and the status page at /jobs/ui are for admins: set
+JOBS_TOKEN and send it as ``Authorization: Bearer <token>``, or as the password
+(any user name) when the browser asks. Prometheus metrics are at /metrics; the
+runs are traced as soon as the app sets up an OpenTelemetry SDK.
 """
 
 from __future__ import annotations
@@ -20,14 +22,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import (
+    HTTPAuthorizationCredentials,
+    HTTPBasic,
+    HTTPBasicCredentials,
+    HTTPBearer,
+)
+from prometheus_client import CollectorRegistry, make_asgi_app
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs import JobContext, Scheduler, metrics, tracing
 from fastapi_jobs.stores import SQLAlchemyStore
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///example_app.sqlite3")
@@ -126,10 +134,12 @@ def refresh_rates() -> None:
 
 
 bearer = HTTPBearer(auto_error=False)
+basic = HTTPBasic(auto_error=False)  # what a browser sends for the status page
 
 
 async def require_admin(
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    token: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    login: Annotated[HTTPBasicCredentials | None, Depends(basic)],
 ) -> None:
     """The job status tells what runs when, on which host, and what failed:
     for the app's operators, not for every visitor."""
@@ -137,19 +147,30 @@ async def require_admin(
         raise HTTPException(
             503, "set JOBS_TOKEN in the app's environment to read /jobs (as a Bearer token)"
         )
-    given = "" if credentials is None else credentials.credentials
+    given = token.credentials if token is not None else login.password if login else ""
     if not secrets.compare_digest(given.encode(), JOBS_TOKEN.encode()):
         raise HTTPException(
             401,
-            "send the app's JOBS_TOKEN: Authorization: Bearer <token>",
-            headers={"WWW-Authenticate": "Bearer"},
+            "send the app's JOBS_TOKEN: Authorization: Bearer <token> (or as the password)",
+            # Basic: a browser asks for it, for the status page at /jobs/ui.
+            headers={"WWW-Authenticate": 'Basic realm="jobs", charset="UTF-8"'},
         )
 
 
 app = FastAPI(title="fastapi_jobs example", lifespan=scheduler.lifespan)
+# GET /jobs, /jobs/{name}, /jobs/{name}/runs and the page /jobs/ui: for admins.
 app.include_router(scheduler.router, dependencies=[Depends(require_admin)])
-# POST /jobs/{name}/run, /pause, /resume: behind the same auth.
+# POST /jobs/{name}/run, /pause, /resume (the page's buttons): behind the same auth.
 app.include_router(scheduler.control_router(dependencies=[Depends(require_admin)]))
+
+# Prometheus scrapes /metrics (in production: a port or path your proxy keeps
+# private). A registry of its own: the app's other metrics may share it.
+registry = CollectorRegistry()
+metrics.instrument(scheduler, registry)
+app.mount("/metrics", make_asgi_app(registry))
+# A span per run, in whatever tracing the app sets up (opentelemetry-instrument,
+# or the SDK configured at startup); the API's no-op until then.
+tracing.instrument(scheduler)
 
 
 class NewSession(BaseModel):

@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import anyio
-from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
+from starlette.routing import NoMatchFound
 
 from ._control import MAX_RUNS
 from ._errors import (
@@ -20,6 +21,7 @@ from ._errors import (
     NotRunningError,
     StoreError,
 )
+from ._page import ASSETS, CHART_RUNS, CSP, Links, notice_url, render
 from ._status import ErrorInfo, InstanceStatus, JobStatus, Outcome, PauseState, RunRecord
 
 if TYPE_CHECKING:
@@ -37,8 +39,20 @@ _NO_STORE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _fail(exc: Exception) -> NoReturn:
-    """The HTTP answer of an operation's error."""
+def _fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
+    """The HTTP answer of an operation's error; for a form of the status page
+    (``page``: its path), a redirect back to it that says what happened."""
+    if page is not None:
+        code = (
+            "unknown"
+            if isinstance(exc, JobNotFoundError)
+            else "running"
+            if isinstance(exc, JobRunningError)
+            else "invalid"
+            if isinstance(exc, ConfigurationError)
+            else "unavailable"
+        )
+        raise HTTPException(303, headers={"Location": notice_url(page, code, name)}) from None
     if isinstance(exc, JobNotFoundError):
         raise HTTPException(404, str(exc)) from None
     if isinstance(exc, JobRunningError):
@@ -57,8 +71,92 @@ def _fail(exc: Exception) -> NoReturn:
     raise exc
 
 
+def _path(request: Request, route: str, **params: str) -> str | None:
+    """The path of one of our routes in this app (its prefixes and root path
+    included), or None if the app does not have it."""
+    try:
+        return request.url_for(route, **params).path
+    except NoMatchFound:
+        return None
+
+
+def _from_page(request: Request) -> str | None:
+    """The status page's path if ``request`` is one of its forms (a browser's
+    navigation, which asks for HTML), else None: an API call gets JSON."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return None
+    return _path(request, "fastapi_jobs_ui")
+
+
+async def _same_origin(request: Request) -> None:
+    """Refuse a cross-origin browser request (CSRF): a page elsewhere must not
+    make a logged-in browser run or pause jobs. Browsers say where a request
+    comes from (Sec-Fetch-Site; Origin in older ones); a client that says
+    neither is not a browser (curl, httpx, the CLI), which no other site drives."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        if site in ("same-origin", "none"):
+            return
+    else:
+        origin = request.headers.get("origin")
+        if origin is None:
+            return
+        host = request.headers.get("host")
+        if host is not None and origin.partition("://")[2] == host:
+            return
+    raise HTTPException(403, "cross-origin request refused: operate jobs from this app's own page")
+
+
+_PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+_MEDIA = {
+    "ui.css": "text/css; charset=utf-8",
+    "ui.js": "text/javascript; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+
+
 def build_router(scheduler: Scheduler) -> APIRouter:
     router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+    # Before /{name}, which would take "ui" for a job's name.
+    @router.get("/ui", response_class=HTMLResponse, name="fastapi_jobs_ui", include_in_schema=False)
+    async def page(request: Request, notice: str | None = None, job: str | None = None) -> Response:
+        view = await scheduler.cluster()
+        statuses = scheduler._statuses(view)
+        runs = await scheduler._recent_runs(CHART_RUNS)
+        here = request.url.path
+        css, js, icon = (
+            f"{_path(request, 'fastapi_jobs_ui_asset', file=name)}?v={ASSETS[name][1]}"
+            for name in ("ui.css", "ui.js", "icon.svg")
+        )
+        run = _path(request, "fastapi_jobs_run", name="-")
+        html = render(
+            statuses,
+            runs,
+            view,
+            links=Links(
+                page=here, css=css, js=js, icon=icon, control=None if run is None else run[:-6]
+            ),
+            now=scheduler._ticking_clock.now(),
+            running=scheduler._state is not None,
+            store=scheduler.store is not None,
+            instance=scheduler.instance.id,
+            notice=notice,
+            notice_job=job if job in scheduler.jobs else None,
+        )
+        return HTMLResponse(html, headers=_PAGE_HEADERS)
+
+    @router.get("/ui/{file}", name="fastapi_jobs_ui_asset", include_in_schema=False)
+    async def asset(file: str) -> Response:
+        if file not in ASSETS:
+            raise HTTPException(404, "no such file")
+        headers = {"Cache-Control": "public, max-age=31536000, immutable"}  # versioned: ?v=
+        return Response(ASSETS[file][0], media_type=_MEDIA[file], headers=headers)
 
     @router.get("", response_model=list[JobStatus], summary="Status of every job")
     async def list_jobs() -> list[JobStatus]:
@@ -123,10 +221,13 @@ class TriggerEnded(TriggerAccepted):
 
 
 def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> APIRouter:
-    router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=list(dependencies))
+    router = APIRouter(
+        prefix="/jobs", tags=["jobs"], dependencies=[Depends(_same_origin), *dependencies]
+    )
 
     @router.post(
         "/{name}/run",
+        name="fastapi_jobs_run",
         status_code=202,
         response_model=TriggerAccepted,
         summary="Run a job now",
@@ -146,10 +247,13 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         wait: bool = False,
         timeout: Annotated[float, Query(gt=0, le=_MAX_WAIT)] = _WAIT,  # noqa: ASYNC109 - a query parameter
     ) -> Any:
+        page = _from_page(request)
         try:
             triggered = await scheduler.trigger(name)
         except (JobNotFoundError, JobRunningError, StoreError, NotRunningError) as exc:
-            _fail(exc)
+            _fail(exc, page, name)
+        if page is not None:
+            return RedirectResponse(notice_url(page, "started", name), status_code=303)
         started = TriggerAccepted(
             id=triggered.id,
             job=name,
@@ -176,6 +280,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
 
     @router.post(
         "/{name}/pause",
+        name="fastapi_jobs_pause",
         response_model=PauseState,
         summary="Pause a job",
         description="Its ticks are skipped (skipped.paused) until resumed, or until `until` "
@@ -187,22 +292,34 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
             422: {"description": "`until` is not in the future."},
         },
     )
-    async def pause(name: str, until: datetime | None = None) -> PauseState:
+    async def pause(request: Request, name: str, until: datetime | None = None) -> Any:
+        page = _from_page(request)
         try:
-            return await scheduler.pause(name, until=until)
+            state = await scheduler.pause(name, until=until)
         except (JobNotFoundError, ConfigurationError, StoreError) as exc:
-            _fail(exc)
+            _fail(exc, page, name)
+        return _answer(page, "paused", state)
 
     @router.post(
         "/{name}/resume",
+        name="fastapi_jobs_resume",
         response_model=PauseState,
         summary="Resume a paused job",
         responses={**_NOT_FOUND, **_NO_STORE},
     )
-    async def resume(name: str) -> PauseState:
+    async def resume(request: Request, name: str) -> Any:
+        page = _from_page(request)
         try:
-            return await scheduler.resume(name)
+            state = await scheduler.resume(name)
         except (JobNotFoundError, StoreError) as exc:
-            _fail(exc)
+            _fail(exc, page, name)
+        return _answer(page, "resumed", state)
 
     return router
+
+
+def _answer(page: str | None, notice: str, state: PauseState) -> Any:
+    """A pause's answer: the state (JSON), or back to the page that asked."""
+    if page is None:
+        return state
+    return RedirectResponse(notice_url(page, notice, state.job), status_code=303)

@@ -708,6 +708,23 @@ class Scheduler:
         history = runner.history
         return [] if history is None else history.records(name, self.instance.id, limit)
 
+    async def _recent_runs(self, limit: int) -> dict[str, list[RunRecord]]:
+        """Each job's last ``limit`` runs (as :meth:`runs`), the claimed ones in
+        one read of the store; a store that cannot be read gives them none."""
+        found: dict[str, list[RunRecord]] = {}
+        claimed = [name for name, runner in self._runners.items() if runner.leases is not None]
+        store = self.store
+        if claimed and store is not None and self._state is not None:
+            try:
+                with anyio.fail_after(store.timeout):
+                    found.update(await store.recent_runs(claimed, limit))
+            except Exception as exc:  # noqa: BLE001 - a status page must not fail
+                self.logger.warning("cannot read the run history for the status page: %r", exc)
+        for name, runner in self._runners.items():
+            if runner.leases is None and runner.history is not None:
+                found[name] = runner.history.records(name, self.instance.id, limit)
+        return found
+
     # -- status -----------------------------------------------------------
 
     def status(self) -> list[JobStatus]:
@@ -733,7 +750,9 @@ class Scheduler:
     async def cluster_status(self) -> list[JobStatus]:
         """:meth:`status`, with each claimed job's cluster-wide last run filled in
         (and every job's pause as the store has it)."""
-        view = await self.cluster()
+        return self._statuses(await self.cluster())
+
+    def _statuses(self, view: ClusterView | None) -> list[JobStatus]:
         if view is not None:
             self._apply_pauses(view.pauses)
         statuses = self.status()

@@ -120,5 +120,8 @@ class Store(Protocol):
     async def runs(self, job: str, limit: int) -> list[RunRecord]:
         """The last ``limit`` runs of ``job`` across instances, newest first."""
 
+    async def recent_runs(self, jobs: Sequence[str], limit: int) -> Mapping[str, list[RunRecord]]:
+        """:meth:`runs` of each of ``jobs`` (the status page's charts), in one go."""
+
     async def prune(self) -> None:
         """Apply the run history's retention (the scheduler calls it now and then)."""

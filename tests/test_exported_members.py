@@ -45,7 +45,8 @@ def test_exported_members() -> None:
         "TriggeredRun",
     }
     public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
-    assert public - {"stores"} == set(fastapi_jobs.__all__)  # nothing else leaks
+    # Public submodules show as attributes once imported (by another test).
+    assert public - {"stores", "metrics", "tracing"} == set(fastapi_jobs.__all__)
     for name in fastapi_jobs.__all__:
         member = getattr(fastapi_jobs, name)
         if name == "Outcome":  # a Literal alias: it has no module of its own
@@ -58,3 +59,20 @@ def test_stores_module_exports() -> None:
     import fastapi_jobs.stores
 
     assert fastapi_jobs.stores.__all__ == ["SQLAlchemyStore"]
+
+
+def test_the_operators_modules_are_optional_and_imported_only_when_used() -> None:
+    """prometheus_client and OpenTelemetry are extras: the core never imports them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fastapi_jobs, fastapi_jobs.stores\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+        "assert not any(m.startswith('opentelemetry') for m in sys.modules)\n"
+        "import fastapi_jobs.metrics, fastapi_jobs.tracing\n"
+        "assert fastapi_jobs.metrics.__all__ == ['DURATION_BUCKETS', 'LATENESS_BUCKETS', "
+        "'Metrics', 'instrument']\n"
+        "assert fastapi_jobs.tracing.__all__ == ['Tracing', 'instrument']\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

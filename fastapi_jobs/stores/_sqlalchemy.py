@@ -74,6 +74,24 @@ def _paused_until(paused: bool, until: float | None) -> float:
     return math.inf if until is None else float(until)
 
 
+def _run_record(row: sa.RowMapping) -> RunRecord:
+    """A row of the runs table, as the API shows it."""
+    return RunRecord(
+        id=str(row["fence"]),
+        job=row["job"],
+        tick=utc(row["tick"]),
+        manual=bool(row["manual"]),
+        attempts=row["attempts"],
+        started_at=utc(row["started_at"]),
+        finished_at=utc(row["finished_at"]),
+        duration_s=row["duration"],
+        outcome=row["outcome"],
+        error=ErrorInfo.parse(row["error"]),
+        instance=row["instance"],
+        fence=row["fence"],
+    )
+
+
 def _in_memory(url: sa.URL) -> bool:
     """An SQLite database that lives in one process's memory."""
     database = url.database or ""
@@ -454,23 +472,25 @@ class SQLAlchemyStore:
         r = self.runs_table
         query = sa.select(r).where(r.c.job == job).order_by(r.c.id.desc()).limit(limit)
         rows = await self._run(lambda conn: conn.execute(query))
-        return [
-            RunRecord(
-                id=str(row["fence"]),
-                job=row["job"],
-                tick=utc(row["tick"]),
-                manual=bool(row["manual"]),
-                attempts=row["attempts"],
-                started_at=utc(row["started_at"]),
-                finished_at=utc(row["finished_at"]),
-                duration_s=row["duration"],
-                outcome=row["outcome"],
-                error=ErrorInfo.parse(row["error"]),
-                instance=row["instance"],
-                fence=row["fence"],
-            )
-            for row in rows.mappings().all()
-        ]
+        return [_run_record(row) for row in rows.mappings().all()]
+
+    async def recent_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        r = self.runs_table
+        ranked = sa.select(
+            r, sa.func.row_number().over(partition_by=r.c.job, order_by=r.c.id.desc()).label("n")
+        )
+        if len(jobs) <= _MAX_LISTED:  # else every job (a bound parameter per job has limits)
+            ranked = ranked.where(r.c.job.in_(jobs))
+        newest = ranked.subquery("newest")
+        query = (
+            sa.select(newest).where(newest.c.n <= limit).order_by(newest.c.job, newest.c.id.desc())
+        )
+        rows = await self._run(lambda conn: conn.execute(query))
+        found: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+        for row in rows.mappings().all():
+            if row["job"] in found:
+                found[row["job"]].append(_run_record(row))
+        return found
 
     async def prune(self) -> None:
         if not self.history:

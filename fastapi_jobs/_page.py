@@ -1,0 +1,317 @@
+"""The status page, ``GET /jobs/ui``: server-rendered HTML, no framework.
+
+Every value from a job (its name, its error, an instance's id) goes through
+:func:`html.escape`; the page's own style and script are files served beside
+it (``/jobs/ui.css``, ``/jobs/ui.js``), so it works under a CSP with no
+``'unsafe-inline'`` (the page sends one). Without its script the page still
+shows everything, and refreshes by ``<meta http-equiv=refresh>``; with it, the
+countdowns tick and the page's body is fetched again and swapped in place,
+without a flicker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from html import escape
+from importlib.resources import files
+from urllib.parse import quote, urlencode
+
+from ._status import ClusterView, JobStatus, RunRecord
+
+__all__ = ["ASSETS", "CHART_RUNS", "CSP", "NOTICES", "Links", "notice_url", "render", "state_of"]
+
+CHART_RUNS = 30
+"""Runs in each job's chart."""
+REFRESH = 5
+"""Seconds between two refreshes of the page."""
+CSP = (
+    "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; "
+    "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+def _asset(name: str) -> tuple[bytes, str]:
+    body = files(__package__).joinpath("static", name).read_bytes()
+    return body, hashlib.sha256(body).hexdigest()[:12]
+
+
+ASSETS = {name: _asset(name) for name in ("ui.css", "ui.js", "icon.svg")}
+"""The page's style and script: their bytes, and a hash that versions their URLs."""
+
+NOTICES = {
+    "started": "Run of {job} started.",
+    "paused": "{job} is paused.",
+    "resumed": "{job} is resumed.",
+    "running": "{job} is running already: not started again.",
+    "unknown": "No job has that name.",
+    "unavailable": "The store cannot be reached, or the app is stopping: nothing changed.",
+    "invalid": "That request is not valid: nothing changed.",
+}
+"""What the page says after one of its buttons (``?notice=...&job=...``)."""
+_TROUBLE = {"running", "unknown", "unavailable", "invalid"}
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """Where the page's parts are, with the app's own prefixes."""
+
+    page: str
+    css: str
+    js: str
+    icon: str
+    control: str | None
+    """The control endpoints' base (``.../jobs``), if the app has them."""
+
+    def action(self, name: str, verb: str) -> str:
+        assert self.control is not None
+        return f"{self.control}/{quote(name, safe='')}/{verb}"
+
+
+def render(
+    statuses: Sequence[JobStatus],
+    runs: Mapping[str, Sequence[RunRecord]],
+    view: ClusterView | None,
+    *,
+    links: Links,
+    now: float,
+    running: bool,
+    store: bool,
+    instance: str,
+    notice: str | None = None,
+    notice_job: str | None = None,
+) -> str:
+    """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds)."""
+    out: list[str] = [
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<meta name="color-scheme" content="light dark">\n'
+        "<title>Jobs</title>\n",
+        f'<link rel="stylesheet" href="{escape(links.css)}">\n',
+        f'<link rel="icon" href="{escape(links.icon)}" type="image/svg+xml">\n',
+        f'<script src="{escape(links.js)}" defer></script>\n',
+        f'<noscript><meta http-equiv="refresh" content="{REFRESH * 3}"></noscript>\n',
+        "</head>\n<body>\n",
+        f'<main id="jobs" data-refresh="{REFRESH}" data-now="{_iso(now)}">\n',
+        "<header><h1>Jobs</h1>",
+        f'<p class="meta">{len(statuses)} job{"" if len(statuses) == 1 else "s"} · ',
+        "scheduler running" if running else '<strong class="bad">scheduler stopped</strong>',
+        f" · answered by <code>{escape(instance)}</code> at "
+        f'<time datetime="{_iso(now)}">{_clock(now)}</time></p>',
+        "</header>\n",
+    ]
+    if notice in NOTICES:
+        text = NOTICES[notice].format(job=f"<code>{escape(notice_job or '?')}</code>")
+        kind = "trouble" if notice in _TROUBLE else "done"
+        out.append(f'<p class="notice {kind}" role="status">{text}</p>\n')
+    if store and view is None:
+        out.append(
+            '<p class="notice trouble" role="status">The store cannot be read: '
+            "what other instances did is not shown.</p>\n"
+        )
+    if statuses:
+        out.append(
+            '<table class="jobs">\n<thead><tr><th scope="col">Job</th><th scope="col">State'
+            '</th><th scope="col">Schedule</th><th scope="col">Next run</th>'
+            '<th scope="col">Last run</th><th scope="col">Recent runs</th>'
+        )
+        out.append('<th scope="col"><span class="sr">Actions</span></th>' if links.control else "")
+        out.append("</tr></thead>\n<tbody>\n")
+        for status in statuses:
+            out.append(_row(status, runs.get(status.name, ()), links, now))
+        out.append("</tbody>\n</table>\n")
+    else:
+        out.append('<p class="empty">No jobs are declared.</p>\n')
+    if view is not None:
+        out.append(_instances(view, instance, now))
+    out.append("</main>\n</body>\n</html>\n")
+    return "".join(out)
+
+
+def state_of(status: JobStatus) -> str:
+    """The word of the state column (also the row's class)."""
+    cluster = status.cluster
+    if status.paused:
+        return "paused"
+    if status.running or (cluster is not None and cluster.running_on is not None):
+        return "running"
+    outcome = cluster.last_outcome if cluster is not None else status.last_outcome
+    if outcome is None:
+        return "never ran"
+    if outcome in ("failed", "timed_out"):
+        return "failing"
+    return "cancelled" if outcome == "cancelled" else "ok"
+
+
+def _row(status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float) -> str:
+    name = escape(status.name)
+    state = state_of(status)
+    cells = [
+        f'<tr class="job {state.replace(" ", "-")}" data-job="{name}">',
+        f'<th scope="row" data-label="Job"><code>{name}</code></th>',
+        f'<td data-label="State"><span class="state {state.replace(" ", "-")}">{state}</span>',
+    ]
+    if status.paused and status.paused_until is not None:
+        cells.append(f'<br><span class="sub">until {_time(status.paused_until, now)}</span>')
+    cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}</td>')
+    nxt = status.next_run_at
+    if nxt is None:
+        cells.append('<td data-label="Next run"><span class="sub">—</span></td>')
+    else:
+        cells.append(
+            f'<td data-label="Next run"><time datetime="{_iso(nxt.timestamp())}" '
+            f"data-countdown>{_countdown(nxt.timestamp() - now)}</time></td>"
+        )
+    cells.append(f'<td data-label="Last run">{_last_run(status, now)}</td>')
+    cells.append(f'<td data-label="Recent runs">{_chart(runs)}</td>')
+    if links.control:
+        cells.append(f'<td class="actions">{_buttons(status, links)}</td>')
+    cells.append("</tr>\n")
+    return "".join(cells)
+
+
+def _last_run(status: JobStatus, now: float) -> str:
+    cluster = status.cluster
+    if cluster is not None:
+        finished, outcome = cluster.last_finished_at, cluster.last_outcome
+        duration, where = cluster.last_duration_s, cluster.running_on or cluster.last_instance
+        error = cluster.last_error if outcome in ("failed", "timed_out") else None
+    else:
+        finished, outcome, duration, where = (
+            status.last_finished_at,
+            status.last_outcome,
+            status.last_duration_s,
+            None,
+        )
+        error = None if status.last_error is None else str(status.last_error)
+    if finished is None and outcome is None:
+        return '<span class="sub">—</span>'
+    parts = []
+    if finished is not None:
+        parts.append(_time(finished.timestamp(), now))
+    if outcome is not None:
+        parts.append(f'<span class="outcome {outcome}">{outcome.replace("_", " ")}</span>')
+    if duration is not None:
+        parts.append(_duration(duration))
+    text = " · ".join(parts)
+    if where:
+        text += f'<br><span class="sub">on <code>{escape(where)}</code></span>'
+    if error:
+        text += f'<div class="error">{escape(error)}</div>'
+    return text
+
+
+def _chart(runs: Sequence[RunRecord]) -> str:
+    shown = list(runs[:CHART_RUNS])[::-1]  # oldest first, left to right
+    if not shown:
+        return '<span class="sub">—</span>'
+    longest = max((r.duration_s or 0.0) for r in shown) or 1.0
+    bar, gap, height = 6, 2, 24
+    width = len(shown) * (bar + gap) - gap
+    counts: dict[str, int] = {}
+    rects = []
+    for k, run in enumerate(shown):
+        outcome = run.outcome or "cancelled"
+        counts[outcome] = counts.get(outcome, 0) + 1
+        duration = run.duration_s or 0.0
+        h = max(2, round(height * duration / longest))
+        when = "" if run.started_at is None else run.started_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        tip = f"{when} · {outcome.replace('_', ' ')} · {_duration(duration)}"
+        if run.error is not None:
+            tip += f" · {run.error}"
+        rects.append(
+            f'<rect class="{outcome}" x="{k * (bar + gap)}" y="{height - h}" width="{bar}" '
+            f'height="{h}"><title>{escape(tip)}</title></rect>'
+        )
+    label = ", ".join(f"{n} {o.replace('_', ' ')}" for o, n in counts.items())
+    return (
+        f'<svg class="chart" role="img" aria-label="last {len(shown)} runs: {label}" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        + "".join(rects)
+        + "</svg>"
+    )
+
+
+def _buttons(status: JobStatus, links: Links) -> str:
+    name = status.name
+    toggle = ("resume", "Resume") if status.paused else ("pause", "Pause")
+    return "".join(
+        f'<form method="post" action="{escape(links.action(name, verb))}">'
+        f'<button type="submit" class="{verb}">{label}</button></form>'
+        for verb, label in (("run", "Run now"), toggle)
+    )
+
+
+def _instances(view: ClusterView, me: str, now: float) -> str:
+    rows = []
+    for inst in view.instances:
+        mark = ' <span class="sub">(this one)</span>' if inst.id == me else ""
+        rows.append(
+            f"<tr><td><code>{escape(inst.id)}</code>{mark}</td><td>{escape(inst.hostname)}</td>"
+            f"<td>{inst.pid}</td><td>{_time(inst.started_at.timestamp(), now)}</td>"
+            f"<td>{_time(inst.seen_at.timestamp(), now)}</td></tr>"
+        )
+    return (
+        f'<section class="instances"><h2>Instances ({len(view.instances)})</h2>'
+        '<table><thead><tr><th scope="col">Instance</th><th scope="col">Host</th>'
+        '<th scope="col">PID</th><th scope="col">Started</th><th scope="col">Last seen'
+        "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></section>\n"
+    )
+
+
+def notice_url(page: str, notice: str, job: str) -> str:
+    return f"{page}?{urlencode({'notice': notice, 'job': job})}"
+
+
+# -- words for times ------------------------------------------------------------
+
+
+def _iso(ts: float | datetime) -> str:
+    at = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
+    return at.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def _time(at: float | datetime, now: float) -> str:
+    ts = at.timestamp() if isinstance(at, datetime) else at
+    return f'<time datetime="{_iso(ts)}" title="{_iso(ts)}">{_ago(now - ts)}</time>'
+
+
+def _ago(seconds: float) -> str:
+    if -1 < seconds < 1:
+        return "now"
+    words = _span(abs(seconds))
+    return f"{words} ago" if seconds > 0 else f"in {words}"
+
+
+def _countdown(seconds: float) -> str:
+    return "due" if seconds < 1 else f"in {_span(seconds)}"
+
+
+def _span(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "a long time"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 0.001:
+        return "<1 ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return _span(seconds)
