@@ -25,9 +25,11 @@ def sync_url(url: str) -> str:
 
 
 class App:
-    """One uvicorn process running tests/apps/cluster_app.py."""
+    """One uvicorn process running tests/apps/cluster_app.py (or ``app``)."""
 
-    def __init__(self, url: str, *, workers: int = 1, **env: object) -> None:
+    def __init__(
+        self, url: str, *, workers: int = 1, app: str = "tests.apps.cluster_app:app", **env: object
+    ) -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             mode="w+", prefix="cluster_app_", suffix=".log", delete=False
         )
@@ -35,7 +37,7 @@ class App:
         # Several workers share one port, which must be known before they start.
         self.port = 0 if workers == 1 else free_port()
         port = str(self.port)
-        command = [sys.executable, "-m", "uvicorn", "tests.apps.cluster_app:app", "--port", port]
+        command = [sys.executable, "-m", "uvicorn", app, "--port", port]
         if workers > 1:
             command += ["--workers", str(workers)]
         self.proc = subprocess.Popen(

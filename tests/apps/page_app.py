@@ -1,0 +1,69 @@
+"""An app for the status page's browser tests: one job in each state, names
+and errors that are HTML, HTTP Basic auth (what a browser sends by itself).
+
+DATABASE_URL: the store's database (a SQLite file). PASSWORD: Basic's password.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Annotated
+
+import anyio
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.security import HTTPBasic, HTTPBasicCredentials
+
+from fastapi_jobs import Scheduler
+from fastapi_jobs.stores import SQLAlchemyStore
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+SCRIPT_ERROR = "<script>alert('error')</script> & more"
+RARE = {"hours": 240}  # no tick during a test: runs are the startup's and the buttons'
+
+scheduler = Scheduler(
+    store=SQLAlchemyStore(
+        os.environ.get("DATABASE_URL", "sqlite+aiosqlite:///page.db"), heartbeat=1
+    ),
+    shutdown_timeout=1,
+)
+
+
+@scheduler.every(**RARE, run_on_startup=True)
+async def fine() -> None: ...
+
+
+@scheduler.every(**RARE, run_on_startup=True)
+async def broken() -> None:
+    raise ConnectionError("smtp refused")
+
+
+@scheduler.every(**RARE, run_on_startup=True)
+async def slow() -> None:
+    await anyio.sleep(3600)
+
+
+@scheduler.every(**RARE, paused=True)
+async def held() -> None: ...
+
+
+@scheduler.every(**RARE)
+async def fresh() -> None: ...
+
+
+@scheduler.every(**RARE, run_on_startup=True, name=HOSTILE)
+async def hostile() -> None:
+    raise ValueError(SCRIPT_ERROR)
+
+
+basic = HTTPBasic()
+
+
+def admin(login: Annotated[HTTPBasicCredentials, Depends(basic)]) -> None:
+    if not secrets.compare_digest(login.password.encode(), os.environ["PASSWORD"].encode()):
+        raise HTTPException(401, "no", headers={"WWW-Authenticate": "Basic"})
+
+
+app = FastAPI(lifespan=scheduler.lifespan)
+app.include_router(scheduler.router, dependencies=[Depends(admin)])
+app.include_router(scheduler.control_router(dependencies=[Depends(admin)]))

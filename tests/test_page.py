@@ -1,0 +1,217 @@
+"""The status page's HTML and the control endpoints' browser side, over ASGI on
+virtual time (tests/test_page_browser.py drives it in a real browser)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+from fastapi import APIRouter, FastAPI
+
+from fastapi_jobs import Scheduler
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import HOUR, serve, virtual_scheduler
+from .test_store import opened
+
+HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+
+
+def rows(page: str) -> dict[str, str]:
+    """Each job row's escaped name, and its state."""
+    return dict(
+        re.findall(
+            r'<tr class="job [^"]*" data-job="([^"]*)">.*?class="state [^"]*">([^<]*)<', page
+        )
+    )
+
+
+def make_app(scheduler: Scheduler, *, control: bool = True, prefix: str = "") -> FastAPI:
+    app = FastAPI(lifespan=scheduler.lifespan)
+    outer = APIRouter(prefix=prefix)
+    outer.include_router(scheduler.router)
+    if control:
+        outer.include_router(scheduler.control_router(public=True))
+    app.include_router(outer)
+    return app
+
+
+@pytest.mark.looptime
+async def test_the_page_escapes_every_name_and_error_and_says_each_state() -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1, name="fine")
+    async def fine() -> None: ...
+
+    @scheduler.every(hours=1, name='<img src=x onerror="alert(1)">')
+    async def hostile() -> None:
+        raise ValueError("<script>alert('x')</script>\nsecond line with a password=hunter2")
+
+    @scheduler.every(hours=1, name="held", paused=True)
+    async def held() -> None: ...
+
+    @scheduler.every(hours=2, name="fresh")
+    async def fresh() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        await anyio.sleep(HOUR + 1)
+        answer = await client.get("/jobs/ui")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/html")
+    csp = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert answer.headers["cache-control"] == "no-store"
+    page = answer.text
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "hunter2" not in page  # the error's first line only, as in /jobs
+    assert rows(page) == {
+        "fine": "ok",
+        "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;": "failing",
+        "held": "paused",
+        "fresh": "never ran",
+    }
+    # The hostile name's buttons post to its own, percent-encoded, URL.
+    assert 'action="/jobs/%3Cimg%20src%3Dx%20onerror%3D%22alert%281%29%22%3E/run"' in page
+    assert page.count('<script src="/jobs/ui/ui.js?v=') == 1 and "<style" not in page
+
+
+@pytest.mark.looptime
+async def test_without_the_control_router_the_page_has_no_buttons_and_prefixes_hold() -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    async with serve(make_app(scheduler, control=False, prefix="/admin")) as client:
+        page = (await client.get("/admin/jobs/ui")).text
+        css = re.search(r'href="(/admin/jobs/ui/ui\.css\?v=\w+)"', page)
+        js = re.search(r'src="(/admin/jobs/ui/ui\.js\?v=\w+)"', page)
+        assert css and js
+        style = await client.get(css.group(1))
+        script = await client.get(js.group(1))
+        missing = await client.get("/admin/jobs/ui/secrets.txt")
+    assert "<form" not in page and "digest" in page
+    assert style.headers["content-type"].startswith("text/css")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "immutable" in style.headers["cache-control"]
+    assert missing.status_code == 404
+
+
+@pytest.mark.looptime
+async def test_a_form_gets_a_redirect_to_the_page_and_an_api_call_gets_json() -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def digest() -> None:
+        await anyio.sleep(60)
+
+    async with serve(make_app(scheduler, prefix="/admin")) as client:
+        paused = await client.post("/admin/jobs/digest/pause", headers=HTML)
+        assert paused.status_code == 303
+        assert paused.headers["location"] == "/admin/jobs/ui?notice=paused&job=digest"
+        page = (await client.get(paused.headers["location"])).text
+        assert "<code>digest</code> is paused." in page
+        assert (await client.post("/admin/jobs/digest/resume")).json()["paused"] is False
+        started = await client.post("/admin/jobs/digest/run", headers=HTML)
+        assert started.headers["location"].endswith("notice=started&job=digest")
+        again = await client.post("/admin/jobs/digest/run", headers=HTML)
+        assert again.status_code == 303
+        assert again.headers["location"].endswith("notice=running&job=digest")
+        unknown = await client.post("/admin/jobs/nope/run", headers=HTML)
+        assert unknown.headers["location"].endswith("notice=unknown&job=nope")
+        page = (await client.get(unknown.headers["location"])).text
+        assert "No job has that name." in page and "nope" not in page
+        # A notice the page does not know is not shown; nor is text from the address.
+        page = (await client.get("/admin/jobs/ui?notice=<b>hi</b>&job=digest")).text
+        assert "hi</b>" not in page and 'class="notice' not in page
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({}, True),  # not a browser: curl, httpx, the CLI
+        ({"Sec-Fetch-Site": "same-origin"}, True),
+        ({"Sec-Fetch-Site": "none"}, True),  # typed in the address bar, a bookmark
+        ({"Sec-Fetch-Site": "cross-site"}, False),
+        ({"Sec-Fetch-Site": "same-site"}, False),  # another subdomain
+        ({"Origin": "http://test"}, True),  # older browsers: Origin against Host
+        ({"Origin": "http://evil.example"}, False),
+        ({"Origin": "null"}, False),  # a sandboxed frame, a data: page
+    ],
+)
+async def test_control_endpoints_refuse_cross_origin_browser_requests(
+    headers: dict[str, str], allowed: bool
+) -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        answer = await client.post("/jobs/digest/pause", headers=headers)
+        state = (await client.get("/jobs/digest")).json()
+    if allowed:
+        assert answer.status_code == 200 and state["paused"] is True
+    else:
+        assert answer.status_code == 403 and state["paused"] is False
+        assert "cross-origin" in answer.json()["detail"]
+
+
+async def test_with_a_store_the_page_shows_the_instances_and_the_claimed_runs(
+    tmp_path: Path,
+) -> None:
+    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}", timeout=1)
+    scheduler = Scheduler(store=store)
+    calls: list[int] = []
+
+    @scheduler.every(seconds=1)
+    async def digest() -> None:
+        calls.append(1)
+        if len(calls) % 2:
+            raise ConnectionError("smtp refused")
+
+    async with serve(make_app(scheduler)) as client:
+        with anyio.fail_after(15):
+            while len(await scheduler.runs("digest")) < 3:  # noqa: ASYNC110 - the store's
+                await anyio.sleep(0.1)
+        page = (await client.get("/jobs/ui")).text
+    assert "Instances (1)" in page and scheduler.instance.id in page
+    chart = re.search(r'<svg class="chart".*?</svg>', page)
+    assert chart is not None
+    assert chart.group(0).count('<rect class="failed"') >= 1
+    assert chart.group(0).count('<rect class="ok"') >= 1
+
+
+async def test_with_the_store_down_the_page_still_answers_and_says_so() -> None:
+    store = SQLAlchemyStore(
+        "postgresql+asyncpg://nobody:x@127.0.0.1:1/none", lease=3, timeout=0.5, heartbeat=1
+    )
+    scheduler = Scheduler(store=store)
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        answer = await client.get("/jobs/ui")
+    assert answer.status_code == 200
+    assert "The store cannot be read" in answer.text and "digest" in answer.text
+
+
+async def test_recent_runs_reads_the_last_runs_of_many_jobs_at_once(database_url: str) -> None:
+    from fastapi_jobs import Ended
+
+    from .conftest import claim1
+
+    async with opened(database_url) as (store, _):
+        for job, count in (("a", 5), ("b", 2)):
+            for fence in range(1, count + 1):
+                assert await claim1(store, job, 1000.0 + fence) == fence
+                await store.release([Ended(job, fence, "ok", None, 0.1 * fence)])
+        recent = await store.recent_runs(["a", "b", "never"], 3)
+    assert [r.fence for r in recent["a"]] == [5, 4, 3]
+    assert [r.fence for r in recent["b"]] == [2, 1]
+    assert recent["never"] == []
