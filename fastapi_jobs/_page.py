@@ -120,8 +120,10 @@ def render(
         )
         out.append('<th scope="col"><span class="sr">Actions</span></th>' if links.control else "")
         out.append("</tr></thead>\n<tbody>\n")
+        # Where a run ran says something only when there are several instances.
+        several = view is not None and len(view.instances) > 1
         for status in statuses:
-            out.append(_row(status, runs.get(status.name, ()), links, now))
+            out.append(_row(status, runs.get(status.name, ()), links, now, several))
         out.append("</tbody>\n</table>\n")
     else:
         out.append('<p class="empty">No jobs are declared.</p>\n')
@@ -146,7 +148,9 @@ def state_of(status: JobStatus) -> str:
     return "cancelled" if outcome == "cancelled" else "ok"
 
 
-def _row(status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float) -> str:
+def _row(
+    status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float, several: bool
+) -> str:
     name = escape(status.name)
     state = state_of(status)
     cells = [
@@ -165,7 +169,7 @@ def _row(status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float)
             f'<td data-label="Next run"><time datetime="{_iso(nxt.timestamp())}" '
             f"data-countdown>{_countdown(nxt.timestamp() - now)}</time></td>"
         )
-    cells.append(f'<td data-label="Last run">{_last_run(status, now)}</td>')
+    cells.append(f'<td data-label="Last run">{_last_run(status, now, several)}</td>')
     cells.append(f'<td data-label="Recent runs">{_chart(runs)}</td>')
     if links.control:
         cells.append(f'<td class="actions">{_buttons(status, links)}</td>')
@@ -173,7 +177,7 @@ def _row(status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float)
     return "".join(cells)
 
 
-def _last_run(status: JobStatus, now: float) -> str:
+def _last_run(status: JobStatus, now: float, several: bool) -> str:
     cluster = status.cluster
     if cluster is not None:
         finished, outcome = cluster.last_finished_at, cluster.last_outcome
@@ -186,7 +190,8 @@ def _last_run(status: JobStatus, now: float) -> str:
             status.last_duration_s,
             None,
         )
-        error = None if status.last_error is None else str(status.last_error)
+        failed = outcome in ("failed", "timed_out") and status.last_error is not None
+        error = str(status.last_error) if failed else None
     if finished is None and outcome is None:
         return '<span class="sub">—</span>'
     parts = []
@@ -197,7 +202,7 @@ def _last_run(status: JobStatus, now: float) -> str:
     if duration is not None:
         parts.append(_duration(duration))
     text = " · ".join(parts)
-    if where:
+    if where and several:
         text += f'<br><span class="sub">on <code>{escape(where)}</code></span>'
     if error:
         text += f'<div class="error">{escape(error)}</div>'

@@ -226,10 +226,8 @@ class Metrics:
                 success.add_metric([name], stats.last_ok_at)
             elif stats.runs:
                 success.add_metric([name], 0.0)
-            until = runner.paused_until
-            if view is not None and name in view.pauses:
-                until = view.pauses[name]
-            paused.add_metric([name], float(until > now))
+            # Kept in step with the store's pauses by each heartbeat.
+            paused.add_metric([name], float(runner.paused_until > now))
         yield from (next_run, interval, success, paused)
         if with_store or describe:
             yield from self._cluster(view)

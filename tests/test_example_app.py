@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -110,6 +111,33 @@ async def test_operators_trigger_and_pause_jobs_with_the_token_only(database: Pa
         await client.post("/jobs/expire_sessions/resume", headers=ADMIN)
         status = (await client.get("/jobs/expire_sessions", headers=ADMIN)).json()
     assert status["paused"] is False
+
+
+async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_served(
+    database: Path,
+) -> None:
+    """A browser gets a Basic challenge for /jobs/ui (the token is the password); the
+    page's buttons post with it; Prometheus reads the jobs' figures at /metrics."""
+    async with serve(main.app) as client:
+        challenge = await client.get("/jobs/ui")
+        assert challenge.status_code == 401
+        assert challenge.headers["www-authenticate"].startswith("Basic")
+        login = httpx.BasicAuth("admin", TOKEN)
+        page = await client.get("/jobs/ui", auth=login)
+        assert page.status_code == 200 and "refresh_rates" in page.text
+        assert 'action="/jobs/send_digest/run"' in page.text
+        wrong = await client.get("/jobs/ui", auth=httpx.BasicAuth("admin", "nope"))
+        assert wrong.status_code == 401
+        pressed = await client.post(
+            "/jobs/send_digest/pause",
+            auth=login,
+            headers={"Accept": "text/html", "Sec-Fetch-Site": "same-origin"},
+        )
+        assert pressed.status_code == 303
+        assert (await client.get("/jobs/send_digest", headers=ADMIN)).json()["paused"]
+        scraped = (await client.get("/metrics/")).text
+    assert 'fastapi_jobs_interval_seconds{job_name="expire_sessions"} 60.0' in scraped
+    assert 'fastapi_jobs_paused{job_name="send_digest"} 1.0' in scraped
 
 
 def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:

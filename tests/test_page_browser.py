@@ -58,9 +58,17 @@ class Watched:
         self.page = page
         self.errors: list[str] = []
         self.dialogs: list[str] = []
-        page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        page.on("pageerror", lambda e: self.errors.append(str(e)))
-        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("dialog", self._dialog)
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
 
     def states(self) -> dict[str, str]:
         rows = self.page.locator("tr.job")

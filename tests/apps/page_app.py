@@ -19,7 +19,7 @@ from fastapi_jobs.stores import SQLAlchemyStore
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 SCRIPT_ERROR = "<script>alert('error')</script> & more"
-RARE = {"hours": 240}  # no tick during a test: runs are the startup's and the buttons'
+RARE = 240  # hours: no tick during a test; runs are the startup's and the buttons'
 
 scheduler = Scheduler(
     store=SQLAlchemyStore(
@@ -29,29 +29,29 @@ scheduler = Scheduler(
 )
 
 
-@scheduler.every(**RARE, run_on_startup=True)
+@scheduler.every(hours=RARE, run_on_startup=True)
 async def fine() -> None: ...
 
 
-@scheduler.every(**RARE, run_on_startup=True)
+@scheduler.every(hours=RARE, run_on_startup=True)
 async def broken() -> None:
     raise ConnectionError("smtp refused")
 
 
-@scheduler.every(**RARE, run_on_startup=True)
+@scheduler.every(hours=RARE, run_on_startup=True)
 async def slow() -> None:
     await anyio.sleep(3600)
 
 
-@scheduler.every(**RARE, paused=True)
+@scheduler.every(hours=RARE, paused=True)
 async def held() -> None: ...
 
 
-@scheduler.every(**RARE)
+@scheduler.every(hours=RARE)
 async def fresh() -> None: ...
 
 
-@scheduler.every(**RARE, run_on_startup=True, name=HOSTILE)
+@scheduler.every(hours=RARE, run_on_startup=True, name=HOSTILE)
 async def hostile() -> None:
     raise ValueError(SCRIPT_ERROR)
 
