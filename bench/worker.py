@@ -120,6 +120,22 @@ async def start_fastapi_jobs(rec: Recorder, n: int, interval: float, offset: flo
                 self.finished += 1
 
         scheduler.add_observer(Counting())
+    if os.environ.get("BENCH_METRICS"):  # Prometheus: the histograms' observer per run
+        from prometheus_client import CollectorRegistry
+
+        from fastapi_jobs.metrics import instrument
+
+        instrument(scheduler, CollectorRegistry())
+    tracing = os.environ.get("BENCH_TRACING")  # "api": the API's no-op; "sdk": spans recorded
+    if tracing:
+        from fastapi_jobs.tracing import instrument as trace
+
+        provider = None
+        if tracing == "sdk":  # spans made and ended, exported nowhere
+            from opentelemetry.sdk.trace import TracerProvider
+
+            provider = TracerProvider()
+        trace(scheduler, tracer_provider=provider)
     schedule = Every(seconds=interval, offset=offset)
     for i in range(n):
         scheduler.add_job(rec.body(i), schedule)

@@ -10,7 +10,9 @@ it. Its attributes: ``code.function.name`` (the job's function),
 ``fastapi_jobs.job``, ``.tick`` (ISO 8601), ``.manual``, ``.attempt``,
 ``.fence`` (claimed runs), ``.instance`` and ``.outcome``; a failed or
 timed-out run has status ERROR, ``error.type`` and the exception recorded. A
-lost lease is an event on the run's span. Skipped ticks are not spans: they
+lost lease is an event on the run's span. The attributes are set once the span
+has started (a sampler sees the span's name and kind), and only on a span that
+records. Skipped ticks are not spans: they
 count in the ``fastapi_jobs.skipped_ticks`` counter (by job and reason) of the
 OpenTelemetry metrics API.
 """
@@ -90,33 +92,39 @@ class Tracing:
         return name
 
     def run_started(self, event: RunStarted) -> None:
-        attributes: dict[str, str | int | bool] = {
-            "code.function.name": self._function(event.job),
-            "fastapi_jobs.job": event.job,
-            "fastapi_jobs.tick": datetime.fromtimestamp(event.tick, UTC).isoformat(),
-            "fastapi_jobs.manual": event.manual,
-            "fastapi_jobs.attempt": event.attempt,
-            "fastapi_jobs.instance": event.instance,
-        }
-        if event.fence is not None:
-            attributes["fastapi_jobs.fence"] = event.fence
         span = self.tracer.start_span(
             f"fastapi_jobs.run {event.job}",
             kind=SpanKind.INTERNAL,
-            attributes=attributes,
             start_time=int(event.started * _NS),
         )
+        if span.is_recording():
+            attributes: dict[str, str | int | bool] = {
+                "code.function.name": self._function(event.job),
+                "fastapi_jobs.job": event.job,
+                "fastapi_jobs.tick": datetime.fromtimestamp(event.tick, UTC).isoformat(),
+                "fastapi_jobs.manual": event.manual,
+                "fastapi_jobs.attempt": event.attempt,
+                "fastapi_jobs.instance": event.instance,
+            }
+            if event.fence is not None:
+                attributes["fastapi_jobs.fence"] = event.fence
+            span.set_attributes(attributes)
+        elif not span.get_span_context().is_valid:
+            return  # the API's no-op (no SDK): nothing to record, nothing to carry
         # Called in the job's own task just before the job: the span is current
-        # for the run (and for a sync job's thread, which copies the context).
+        # for the run (and for a sync job's thread, which copies the context). A
+        # span sampled out is current too: what the job starts is sampled out alike.
         token = context.attach(trace.set_span_in_context(span))
         self._going[event.job] = (span, token)
 
     def run_finished(self, event: RunFinished) -> None:
         going = self._going.pop(event.job, None)
         if going is None:
-            return
+            return  # the API's no-op
         span, token = going
         context.detach(token)  # type: ignore[arg-type]
+        if not span.is_recording():
+            return
         span.set_attribute("fastapi_jobs.outcome", event.outcome)
         error = event.error
         if event.outcome in ("failed", "timed_out"):
