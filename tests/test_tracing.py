@@ -43,18 +43,11 @@ async def test_each_run_is_a_span_current_for_the_jobs_own_work() -> None:
     scheduler = virtual_scheduler()
     instrument(scheduler, tracer_provider=tracer_provider, meter_provider=meter_provider)
     inner = tracer_provider.get_tracer("app")
-    threads: list[int] = []
 
     @scheduler.every(hours=1)
     async def digest(ctx: JobContext) -> None:
         with inner.start_as_current_span("send mail"):
             await anyio.sleep(2)
-
-    @scheduler.every(hours=1)
-    def report() -> None:  # a sync job: its thread gets the run's context
-        threads.append(threading.get_ident())
-        with inner.start_as_current_span("render"):
-            pass
 
     async with scheduler.running():
         await anyio.sleep(HOUR + 60)
@@ -75,11 +68,31 @@ async def test_each_run_is_a_span_current_for_the_jobs_own_work() -> None:
     assert run.status.status_code == StatusCode.UNSET
     assert run.start_time == int((START.timestamp() + HOUR) * 1e9)
     assert run.end_time is not None and run.end_time - run.start_time == 2_000_000_000
-    (sync_run,) = named(spans, "fastapi_jobs.run report")
-    (render,) = named(spans, "render")
-    assert threads and threads[0] != threading.get_ident()
-    assert render.parent is not None and render.parent.span_id == sync_run.context.span_id
     # Nothing of a run stays current after it: the scheduler's own context is clean.
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+@pytest.mark.looptime(False)  # a thread's real time: virtual time would run past it
+async def test_a_sync_jobs_thread_runs_in_its_span() -> None:
+    tracer_provider, exporter, meter_provider, _ = providers()
+    scheduler = Scheduler()
+    instrument(scheduler, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    inner = tracer_provider.get_tracer("app")
+    threads: list[int] = []
+
+    @scheduler.every(hours=1)
+    def report() -> None:
+        threads.append(threading.get_ident())
+        with inner.start_as_current_span("render"):
+            pass
+
+    async with scheduler.running():
+        result = await scheduler.run_now("report")
+    assert result.ok
+    (run,) = named(exporter.get_finished_spans(), "fastapi_jobs.run report")
+    (render,) = named(exporter.get_finished_spans(), "render")
+    assert threads and threads[0] != threading.get_ident()
+    assert render.parent is not None and render.parent.span_id == run.context.span_id
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
