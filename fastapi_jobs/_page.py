@@ -22,10 +22,22 @@ from urllib.parse import quote, urlencode
 
 from ._status import ClusterView, JobStatus, RunRecord
 
-__all__ = ["ASSETS", "CHART_RUNS", "CSP", "NOTICES", "Links", "notice_url", "render", "state_of"]
+__all__ = [
+    "ASSETS",
+    "CHART_RUNS",
+    "CSP",
+    "NOTICES",
+    "PAGE_JOBS",
+    "Links",
+    "notice_url",
+    "render",
+    "state_of",
+]
 
 CHART_RUNS = 30
 """Runs in each job's chart."""
+PAGE_JOBS = 200
+"""Jobs on the page at most; a filter (``?q=``) finds the others."""
 REFRESH = 5
 """Seconds between two refreshes of the page."""
 CSP = (
@@ -83,8 +95,14 @@ def render(
     instance: str,
     notice: str | None = None,
     notice_job: str | None = None,
+    query: str = "",
+    total: int | None = None,
+    matched: int | None = None,
 ) -> str:
-    """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds)."""
+    """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds):
+    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``."""
+    total = len(statuses) if total is None else total
+    matched = len(statuses) if matched is None else matched
     out: list[str] = [
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
@@ -97,7 +115,7 @@ def render(
         "</head>\n<body>\n",
         f'<main id="jobs" data-refresh="{REFRESH}" data-now="{_iso(now)}">\n',
         "<header><h1>Jobs</h1>",
-        f'<p class="meta">{len(statuses)} job{"" if len(statuses) == 1 else "s"} · ',
+        f'<p class="meta">{total} job{"" if total == 1 else "s"} · ',
         "scheduler running" if running else '<strong class="bad">scheduler stopped</strong>',
         f" · answered by <code>{escape(instance)}</code> at "
         f'<time datetime="{_iso(now)}">{_clock(now)}</time></p>',
@@ -112,6 +130,8 @@ def render(
             '<p class="notice trouble" role="status">The store cannot be read: '
             "what other instances did is not shown.</p>\n"
         )
+    if total > len(statuses) or query:
+        out.append(_filter(query, len(statuses), matched, links.page))
     if statuses:
         out.append(
             '<table class="jobs">\n<thead><tr><th scope="col">Job</th><th scope="col">State'
@@ -125,7 +145,7 @@ def render(
         for status in statuses:
             out.append(_row(status, runs.get(status.name, ()), links, now, several))
         out.append("</tbody>\n</table>\n")
-    else:
+    elif not query:
         out.append('<p class="empty">No jobs are declared.</p>\n')
     if view is not None:
         out.append(_instances(view, instance, now))
@@ -247,6 +267,19 @@ def _buttons(status: JobStatus, links: Links) -> str:
         f'<form method="post" action="{escape(links.action(name, verb))}">'
         f'<button type="submit" class="{verb}">{label}</button></form>'
         for verb, label in (("run", "Run now"), toggle)
+    )
+
+
+def _filter(query: str, shown: int, matched: int, page: str) -> str:
+    """A GET form narrowing the page to the jobs whose name holds a text."""
+    said = f"{matched} match" if query else f"showing {shown} of {matched}"
+    if query and shown < matched:
+        said += f", showing {shown}"
+    return (
+        f'<form class="filter" method="get" action="{escape(page)}" role="search">'
+        '<label for="q">Jobs whose name holds</label> '
+        f'<input id="q" name="q" type="search" value="{escape(query)}" maxlength="200"> '
+        f'<button type="submit">Filter</button> <span class="sub">{said}</span></form>\n'
     )
 
 

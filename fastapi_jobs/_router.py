@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, Field
 from starlette.routing import NoMatchFound
 
+from ._checks import MAX_NAME
 from ._control import MAX_RUNS
 from ._errors import (
     ConfigurationError,
@@ -21,7 +22,7 @@ from ._errors import (
     NotRunningError,
     StoreError,
 )
-from ._page import ASSETS, CHART_RUNS, CSP, Links, notice_url, render
+from ._page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, notice_url, render
 from ._status import ErrorInfo, InstanceStatus, JobStatus, Outcome, PauseState, RunRecord
 
 if TYPE_CHECKING:
@@ -125,10 +126,20 @@ def build_router(scheduler: Scheduler) -> APIRouter:
 
     # Before /{name}, which would take "ui" for a job's name.
     @router.get("/ui", response_class=HTMLResponse, name="fastapi_jobs_ui", include_in_schema=False)
-    async def page(request: Request, notice: str | None = None, job: str | None = None) -> Response:
+    async def page(
+        request: Request,
+        notice: str | None = None,
+        job: str | None = None,
+        q: Annotated[str, Query(max_length=MAX_NAME)] = "",
+    ) -> Response:
         view = await scheduler.cluster()
         statuses = scheduler._statuses(view)
-        runs = await scheduler._recent_runs(CHART_RUNS)
+        # The jobs whose name holds q, at most PAGE_JOBS: a page (and its charts'
+        # read of the store) stays small with thousands of jobs.
+        wanted = q.casefold()
+        matched = [s for s in statuses if wanted in s.name.casefold()]
+        shown = matched[:PAGE_JOBS]
+        runs = await scheduler._recent_runs([s.name for s in shown], CHART_RUNS)
         here = request.url.path
         css, js, icon = (
             f"{_path(request, 'fastapi_jobs_ui_asset', file=name)}?v={ASSETS[name][1]}"
@@ -136,7 +147,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         )
         run = _path(request, "fastapi_jobs_run", name="-")
         html = render(
-            statuses,
+            shown,
             runs,
             view,
             links=Links(
@@ -148,6 +159,9 @@ def build_router(scheduler: Scheduler) -> APIRouter:
             instance=scheduler.instance.id,
             notice=notice,
             notice_job=job if job in scheduler.jobs else None,
+            query=q,
+            total=len(statuses),
+            matched=len(matched),
         )
         return HTMLResponse(html, headers=_PAGE_HEADERS)
 

@@ -708,11 +708,13 @@ class Scheduler:
         history = runner.history
         return [] if history is None else history.records(name, self.instance.id, limit)
 
-    async def _recent_runs(self, limit: int) -> dict[str, list[RunRecord]]:
-        """Each job's last ``limit`` runs (as :meth:`runs`), the claimed ones in
-        one read of the store; a store that cannot be read gives them none."""
+    async def _recent_runs(self, names: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        """The last ``limit`` runs (as :meth:`runs`) of each job of ``names``, the
+        claimed ones in one read of the store; a store that cannot be read gives
+        them none."""
         found: dict[str, list[RunRecord]] = {}
-        claimed = [name for name, runner in self._runners.items() if runner.leases is not None]
+        runners = {name: self._runners[name] for name in names if name in self._runners}
+        claimed = [name for name, runner in runners.items() if runner.leases is not None]
         store = self.store
         if claimed and store is not None and self._state is not None:
             try:
@@ -720,7 +722,7 @@ class Scheduler:
                     found.update(await store.recent_runs(claimed, limit))
             except Exception as exc:  # noqa: BLE001 - a status page must not fail
                 self.logger.warning("cannot read the run history for the status page: %r", exc)
-        for name, runner in self._runners.items():
+        for name, runner in runners.items():
             if runner.leases is None and runner.history is not None:
                 found[name] = runner.history.records(name, self.instance.id, limit)
         return found

@@ -10,7 +10,7 @@ import anyio
 import pytest
 from fastapi import APIRouter, FastAPI
 
-from fastapi_jobs import Scheduler
+from fastapi_jobs import Every, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import HOUR, serve, virtual_scheduler
@@ -215,3 +215,25 @@ async def test_recent_runs_reads_the_last_runs_of_many_jobs_at_once(database_url
     assert [r.fence for r in recent["a"]] == [5, 4, 3]
     assert [r.fence for r in recent["b"]] == [2, 1]
     assert recent["never"] == []
+
+
+@pytest.mark.looptime
+async def test_a_page_of_thousands_of_jobs_shows_a_bounded_part_and_filters() -> None:
+    scheduler = virtual_scheduler()
+
+    async def job() -> None: ...
+
+    for n in range(1000):
+        scheduler.add_job(job, Every(hours=1), name=f"job{n:04d}")
+    async with serve(make_app(scheduler)) as client:
+        await anyio.sleep(HOUR + 1)
+        page = (await client.get("/jobs/ui")).text
+        filtered = (await client.get("/jobs/ui", params={"q": "JOB09"})).text
+        nothing = (await client.get("/jobs/ui", params={"q": "<none>"})).text
+        too_long = await client.get("/jobs/ui", params={"q": "x" * 201})
+    assert len(rows(page)) == 200 and "1000 jobs" in page
+    assert "showing 200 of 1000" in page and 'name="q"' in page
+    assert list(rows(filtered)) == [f"job{n:04d}" for n in range(900, 1000)]
+    assert "100 match" in filtered and 'value="JOB09"' in filtered
+    assert rows(nothing) == {} and "0 match" in nothing and 'value="&lt;none&gt;"' in nothing
+    assert too_long.status_code == 422

@@ -32,7 +32,7 @@
     // Not while hidden, nor while a button has the keyboard's focus.
     if (!current || document.hidden || current.contains(document.activeElement)) return;
     try {
-      const answer = await fetch(location.pathname, {
+      const answer = await fetch(address(), {
         headers: { Accept: "text/html" },
         cache: "no-store",
         credentials: "same-origin",
@@ -50,9 +50,17 @@
     }
   };
 
+  // This page's address without a button's notice (a filter, ?q=, stays).
+  const address = () => {
+    const url = new URL(location.href);
+    url.searchParams.delete("notice");
+    url.searchParams.delete("job");
+    return url.pathname + url.search;
+  };
+
   const start = () => {
     // A notice from a button is shown once: the address loses it.
-    if (location.search) history.replaceState(null, "", location.pathname);
+    if (location.search.includes("notice=")) history.replaceState(null, "", address());
     sync();
     tick();
     setInterval(tick, 1000);
