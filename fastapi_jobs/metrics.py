@@ -94,6 +94,11 @@ def instrument(
         or not 0.1 <= max_age <= 3600
     ):
         raise ConfigurationError(f"instrument(max_age={short(max_age)}): seconds, from 0.1 to 3600")
+    if scheduler._state is not None:
+        raise ConfigurationError(
+            "instrument() a scheduler before it starts (at import, beside the app): "
+            "the store's readings are a task of its lifespan"
+        )
     return Metrics(scheduler, REGISTRY if registry is None else registry, float(max_age))
 
 
@@ -186,9 +191,6 @@ class Metrics:
         return self._families(describe=False)
 
     def _families(self, *, describe: bool) -> Iterator[Metric]:
-        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-
         scheduler = self.scheduler
         runners = [] if describe else list(scheduler._runners.values())
         now = scheduler._ticking_clock.now()
@@ -199,24 +201,24 @@ class Metrics:
             yield from self._process_counters(runners)
             yield self._recorder.durations.family()
             yield self._recorder.lateness.family()
-        running = gauge("scheduler_running", "1 if this process's scheduler is running.")
+        running = _gauge("scheduler_running", "1 if this process's scheduler is running.")
         running.add_metric([], float(scheduler._state is not None))
         yield running
-        next_run = gauge("next_run_timestamp_seconds", "The job's next tick.", "job_name")
-        interval = gauge(
+        next_run = _gauge("next_run_timestamp_seconds", "The job's next tick.", "job_name")
+        interval = _gauge(
             "interval_seconds",
             "The time between the job's ticks (for a cron job: from its next tick to the "
             "one after). Alert on time() - last_success > 2 x this.",
             "job_name",
         )
-        success = gauge(
+        success = _gauge(
             "last_success_timestamp_seconds",
             "When the job's latest successful run ended: across instances for a job "
             "claimed in a store, else in this process; 0 if it ran but no success is on "
             "record.",
             "job_name",
         )
-        paused = gauge("paused", "1 if the job's ticks are skipped as paused.", "job_name")
+        paused = _gauge("paused", "1 if the job's ticks are skipped as paused.", "job_name")
         for runner in runners:
             name, stats = runner.job.name, runner.stats
             if stats.next_run_at is not None:
@@ -238,24 +240,20 @@ class Metrics:
             yield from self._cluster(view)
 
     def _process_counters(self, runners: list[JobRunner]) -> Iterator[Metric]:
-        runs = CounterMetricFamily(
-            PREFIX + "runs",
+        runs = _counter(
+            "runs",
             "Runs (each attempt) that ended in this process, by outcome.",
-            labels=("job_name", "outcome"),
+            "job_name",
+            "outcome",
         )
-        skipped = CounterMetricFamily(
-            PREFIX + "skipped_ticks",
+        skipped = _counter(
+            "skipped_ticks",
             "Ticks that did not run in this process, by reason.",
-            labels=("job_name", "reason"),
+            "job_name",
+            "reason",
         )
-        retries = CounterMetricFamily(
-            PREFIX + "retries", "Retries started in this process.", labels=("job_name",)
-        )
-        running = GaugeMetricFamily(
-            PREFIX + "running",
-            "1 while a run of the job goes in this process.",
-            labels=("job_name",),
-        )
+        retries = _counter("retries", "Retries started in this process.", "job_name")
+        running = _gauge("running", "1 while a run of the job goes in this process.", "job_name")
         for runner in runners:
             name, stats = runner.job.name, runner.stats
             ended = stats.runs - stats.running
@@ -274,34 +272,29 @@ class Metrics:
         yield from (runs, skipped, retries, running)
 
     def _cluster(self, view: ClusterView | None) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            PREFIX + "store_up",
-            "1 if the store answered the last reading (figures below are from it).",
+        up = _gauge(
+            "store_up", "1 if the store answered the last reading (figures below are from it)."
         )
         up.add_metric([], float(bool(self._store_up)))
         yield up
-        read = GaugeMetricFamily(
-            PREFIX + "cluster_read_timestamp_seconds",
-            "When the store was last read (the database's clock).",
+        read = _gauge(
+            "cluster_read_timestamp_seconds", "When the store was last read (the database's clock)."
         )
-        last_run = GaugeMetricFamily(
-            PREFIX + "last_run_timestamp_seconds",
+        last_run = _gauge(
+            "last_run_timestamp_seconds",
             "When the job's last claimed run ended, on any instance.",
-            labels=("job_name",),
+            "job_name",
         )
-        outcome = GaugeMetricFamily(
-            PREFIX + "last_outcome",
+        outcome = _gauge(
+            "last_outcome",
             "1 for the outcome of the job's last claimed run, on any instance.",
-            labels=("job_name", "outcome"),
+            "job_name",
+            "outcome",
         )
-        running = GaugeMetricFamily(
-            PREFIX + "cluster_running",
-            "1 while an instance holds a live lease on the job.",
-            labels=("job_name",),
+        running = _gauge(
+            "cluster_running", "1 while an instance holds a live lease on the job.", "job_name"
         )
-        instances = GaugeMetricFamily(
-            PREFIX + "instances", "Instances whose heartbeat the store has seen lately."
-        )
+        instances = _gauge("instances", "Instances whose heartbeat the store has seen lately.")
         if view is not None:
             if view.read_at is not None:
                 read.add_metric([], view.read_at)
@@ -324,6 +317,14 @@ class Metrics:
             # A cron's next tick, asked once per tick (not per scrape).
             known = self._intervals[runner.job.name] = (tick, schedule.next_after(tick) - tick)
         return known[1]
+
+
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, labels=labels)
 
 
 class _Histogram:

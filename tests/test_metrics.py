@@ -153,6 +153,9 @@ async def test_instrument_refuses_what_it_cannot_use() -> None:
     with pytest.raises(ConfigurationError, match="instrumented twice"):
         instrument(scheduler, registry)
     assert scrape(registry)  # the first one still serves
+    async with scheduler.running():
+        with pytest.raises(ConfigurationError, match="before it starts"):
+            instrument(scheduler, CollectorRegistry())
 
 
 async def test_the_store_knows_the_last_success_of_a_job_whose_last_run_failed(
