@@ -223,7 +223,9 @@ class Metrics:
             name, stats = runner.job.name, runner.stats
             if stats.next_run_at is not None:
                 next_run.add_metric([name], stats.next_run_at)
-                interval.add_metric([name], self._interval(runner, stats.next_run_at))
+                gap = self._interval(runner, stats.next_run_at)
+                if gap is not None:
+                    interval.add_metric([name], gap)
             if runner.store is not None:
                 cluster = None if view is None else view.jobs.get(name)
                 if cluster is not None:
@@ -308,14 +310,18 @@ class Metrics:
                 running.add_metric([name], float(job.running_on is not None))
         yield from (read, last_run, outcome, running, instances)
 
-    def _interval(self, runner: JobRunner, tick: float) -> float:
+    def _interval(self, runner: JobRunner, tick: float) -> float | None:
         schedule = runner.job.schedule
         if isinstance(schedule, Every):
             return schedule.interval.total_seconds()
         known = self._intervals.get(runner.job.name)
         if known is None or known[0] != tick:
             # A cron's next tick, asked once per tick (not per scrape).
-            known = self._intervals[runner.job.name] = (tick, schedule.next_after(tick) - tick)
+            try:
+                after = schedule.next_after(tick)
+            except Exception:  # noqa: BLE001 - a custom schedule's bug must not fail a scrape
+                return None
+            known = self._intervals[runner.job.name] = (tick, after - tick)
         return known[1]
 
 

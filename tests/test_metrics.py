@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_jobs import ConfigurationError, Ended, JobContext, Scheduler
+from fastapi_jobs import ConfigurationError, Cron, Ended, Every, JobContext, Scheduler
 from fastapi_jobs.metrics import instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
@@ -331,3 +331,32 @@ def test_multiprocess_mode_sums_the_workers_counts(tmp_path: Path, apps: list[Ap
     paused = value(samples, "skipped_ticks_total", job_name="job0", reason="paused")
     assert skipped is not None and paused  # counted where they happen, summed here
     assert value(samples, "paused", job_name="job0") == 1
+
+
+@pytest.mark.looptime
+async def test_a_schedule_that_raises_leaves_out_its_interval_not_the_scrape() -> None:
+    class Flaky(Cron):
+        """Hourly, until its next_after breaks."""
+
+        broken = False
+
+        def next_after(self, ts: float) -> float:
+            if Flaky.broken:
+                raise RuntimeError("broken schedule")
+            return super().next_after(ts)
+
+    scheduler = virtual_scheduler()
+    registry = CollectorRegistry()
+    instrument(scheduler, registry)
+
+    async def job() -> None: ...
+
+    scheduler.add_job(job, Flaky("0 * * * *"), name="flaky")
+    scheduler.add_job(job, Every(hours=1), name="fine")
+    async with scheduler.running():
+        await anyio.sleep(60)
+        Flaky.broken = True
+        samples = scrape(registry)
+    assert value(samples, "interval_seconds", job_name="fine") == HOUR
+    assert value(samples, "next_run_timestamp_seconds", job_name="flaky") is not None
+    assert value(samples, "interval_seconds", job_name="flaky") is None
