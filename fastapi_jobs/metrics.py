@@ -333,6 +333,15 @@ def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, doc, labels=labels)
 
 
+def _lateness(event: RunFinished) -> float | None:
+    """From the tick to the run's start, for a scheduled first attempt (a retry
+    or a run by hand starts when it starts, not late)."""
+    if event.attempt != 1 or event.manual:
+        return None
+    late = event.started - event.tick
+    return late if late > 0 else 0.0
+
+
 class _Histogram:
     """One histogram by job, kept as plain arrays: an observation is a bisect and
     two additions. (prometheus_client's ``Histogram`` takes a lock for the bucket
@@ -376,9 +385,9 @@ class _Recorder:
 
     def run_finished(self, event: RunFinished) -> None:
         self.durations.observe(event.job, event.duration_s)
-        if event.attempt == 1 and not event.manual:
-            late = event.started - event.tick
-            self.lateness.observe(event.job, late if late > 0 else 0.0)
+        late = _lateness(event)
+        if late is not None:
+            self.lateness.observe(event.job, late)
 
 
 class _Counting:
@@ -426,9 +435,9 @@ class _Counting:
     def run_finished(self, event: RunFinished) -> None:
         job = event.job
         self.durations.labels(job).observe(event.duration_s)
-        if event.attempt == 1 and not event.manual:
-            late = event.started - event.tick
-            self.lateness.labels(job).observe(late if late > 0 else 0.0)
+        late = _lateness(event)
+        if late is not None:
+            self.lateness.labels(job).observe(late)
         self.running.labels(job).dec()
         self.runs.labels(job, event.outcome).inc()
 
