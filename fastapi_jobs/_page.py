@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from importlib.resources import files
+from typing import NamedTuple
 from urllib.parse import quote, urlencode
 
 from ._status import ClusterView, JobStatus, RunRecord
@@ -46,13 +47,25 @@ CSP = (
 )
 
 
-def _asset(name: str) -> tuple[bytes, str]:
+class Asset(NamedTuple):
+    """A file the page loads: its bytes, a hash that versions its URL, its type."""
+
+    body: bytes
+    version: str
+    media_type: str
+
+
+def _asset(name: str, media_type: str) -> Asset:
     body = files(__package__).joinpath("static", name).read_bytes()
-    return body, hashlib.sha256(body).hexdigest()[:12]
+    return Asset(body, hashlib.sha256(body).hexdigest()[:12], media_type)
 
 
-ASSETS = {name: _asset(name) for name in ("ui.css", "ui.js", "icon.svg")}
-"""The page's style and script: their bytes, and a hash that versions their URLs."""
+ASSETS = {
+    "ui.css": _asset("ui.css", "text/css; charset=utf-8"),
+    "ui.js": _asset("ui.js", "text/javascript; charset=utf-8"),
+    "icon.svg": _asset("icon.svg", "image/svg+xml"),
+}
+"""The page's style, script and icon, served beside it."""
 
 NOTICES = {
     "started": "Run of {job} started.",

@@ -114,11 +114,6 @@ _PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
-_MEDIA = {
-    "ui.css": "text/css; charset=utf-8",
-    "ui.js": "text/javascript; charset=utf-8",
-    "icon.svg": "image/svg+xml",
-}
 
 
 def build_router(scheduler: Scheduler) -> APIRouter:
@@ -142,7 +137,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         runs = await scheduler._recent_runs([s.name for s in shown], CHART_RUNS)
         here = request.url.path
         css, js, icon = (
-            f"{_path(request, 'fastapi_jobs_ui_asset', file=name)}?v={ASSETS[name][1]}"
+            f"{_path(request, 'fastapi_jobs_ui_asset', file=name)}?v={ASSETS[name].version}"
             for name in ("ui.css", "ui.js", "icon.svg")
         )
         run = _path(request, "fastapi_jobs_run", name="-")
@@ -167,10 +162,11 @@ def build_router(scheduler: Scheduler) -> APIRouter:
 
     @router.get("/ui/{file}", name="fastapi_jobs_ui_asset", include_in_schema=False)
     async def asset(file: str) -> Response:
-        if file not in ASSETS:
+        found = ASSETS.get(file)
+        if found is None:
             raise HTTPException(404, "no such file")
         headers = {"Cache-Control": "public, max-age=31536000, immutable"}  # versioned: ?v=
-        return Response(ASSETS[file][0], media_type=_MEDIA[file], headers=headers)
+        return Response(found.body, media_type=found.media_type, headers=headers)
 
     @router.get("", response_model=list[JobStatus], summary="Status of every job")
     async def list_jobs() -> list[JobStatus]:
