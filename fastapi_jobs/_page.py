@@ -199,7 +199,7 @@ def _row(
         cells.append('<td data-label="Next run"><span class="sub">—</span></td>')
     else:
         cells.append(
-            f'<td data-label="Next run"><time datetime="{_iso(nxt.timestamp())}" '
+            f'<td data-label="Next run"><time datetime="{_iso(nxt)}" '
             f"data-countdown>{_countdown(nxt.timestamp() - now)}</time></td>"
         )
     cells.append(f'<td data-label="Last run">{_last_run(status, now, several)}</td>')
@@ -229,7 +229,7 @@ def _last_run(status: JobStatus, now: float, several: bool) -> str:
         return '<span class="sub">—</span>'
     parts = []
     if finished is not None:
-        parts.append(_time(finished.timestamp(), now))
+        parts.append(_time(finished, now))
     if outcome is not None:
         parts.append(f'<span class="outcome {outcome}">{outcome.replace("_", " ")}</span>')
     if duration is not None:
@@ -302,8 +302,8 @@ def _instances(view: ClusterView, me: str, now: float) -> str:
         mark = ' <span class="sub">(this one)</span>' if inst.id == me else ""
         rows.append(
             f"<tr><td><code>{escape(inst.id)}</code>{mark}</td><td>{escape(inst.hostname)}</td>"
-            f"<td>{inst.pid}</td><td>{_time(inst.started_at.timestamp(), now)}</td>"
-            f"<td>{_time(inst.seen_at.timestamp(), now)}</td></tr>"
+            f"<td>{inst.pid}</td><td>{_time(inst.started_at, now)}</td>"
+            f"<td>{_time(inst.seen_at, now)}</td></tr>"
         )
     return (
         f'<section class="instances"><h2>Instances ({len(view.instances)})</h2>'
@@ -325,9 +325,9 @@ def _iso(ts: float | datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="seconds")
 
 
-def _time(at: float | datetime, now: float) -> str:
-    ts = at.timestamp() if isinstance(at, datetime) else at
-    return f'<time datetime="{_iso(ts)}" title="{_iso(ts)}">{_ago(now - ts)}</time>'
+def _time(at: datetime, now: float) -> str:
+    iso = _iso(at)
+    return f'<time datetime="{iso}" title="{iso}">{_ago(now - at.timestamp())}</time>'
 
 
 def _ago(seconds: float) -> str:

@@ -40,19 +40,19 @@ _NO_STORE: dict[int | str, dict[str, Any]] = {
 }
 
 
+# What the status page says of an operation's error (else: "unavailable").
+_NOTICE_OF: tuple[tuple[type[Exception], str], ...] = (
+    (JobNotFoundError, "unknown"),
+    (JobRunningError, "running"),
+    (ConfigurationError, "invalid"),
+)
+
+
 def _fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
     """The HTTP answer of an operation's error; for a form of the status page
     (``page``: its path), a redirect back to it that says what happened."""
     if page is not None:
-        code = (
-            "unknown"
-            if isinstance(exc, JobNotFoundError)
-            else "running"
-            if isinstance(exc, JobRunningError)
-            else "invalid"
-            if isinstance(exc, ConfigurationError)
-            else "unavailable"
-        )
+        code = next((c for kind, c in _NOTICE_OF if isinstance(exc, kind)), "unavailable")
         raise HTTPException(303, headers={"Location": notice_url(page, code, name)}) from None
     if isinstance(exc, JobNotFoundError):
         raise HTTPException(404, str(exc)) from None
