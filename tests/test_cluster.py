@@ -255,7 +255,11 @@ def restart_after_downtime(url: str, apps: list[App], catch_up: float) -> tuple[
     again = App(url, INTERVAL=0.25, CATCH_UP=catch_up)
     apps.append(again)
     again.wait_started()
-    time.sleep(0.6)
+    # Its first run (the catch-up, if any: the job's task runs it before any
+    # tick), however long the first claim takes on a loaded machine; then a
+    # moment in which an older missed tick, wrongly run, would show.
+    wait_until(lambda: any(r[4] == again.pid for r in runs(url)), timeout=15)
+    time.sleep(0.3)
     again.signal(signal.SIGKILL)  # keeps its instance row, with its start time
     again.proc.wait(timeout=10)
     [(started_at,)] = rows(url, "SELECT started_at FROM fastapi_jobs_instances")
