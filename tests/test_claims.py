@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -482,6 +483,106 @@ async def test_catch_up_never_reruns_a_tick_a_peer_ran(database_url: str) -> Non
             await anyio.sleep(0.3)
         await seed.close()
     assert len(runs) == 1
+
+
+class SlowLastTick(SQLAlchemyStore):
+    """A store whose read of a job's last tick takes 0.6 s (a slow database)."""
+
+    read_at = 0.0
+
+    async def last_tick(self, job: str) -> float | None:
+        tick = await super().last_tick(job)
+        await anyio.sleep(0.6)
+        self.read_at = time.time()
+        return tick
+
+
+class Announced(logging.Handler):
+    """Notes the tick each "catching up" line names; may then stall the event
+    loop for ``stall`` s, as a slow synchronous handler would."""
+
+    def __init__(self, stall: float = 0.0) -> None:
+        super().__init__(logging.INFO)
+        self.stall, self.ticks = stall, list[float]()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        said = re.search(r"catching up on the latest, (\S+)", record.getMessage())
+        if said:
+            self.ticks.append(datetime.fromisoformat(said.group(1)).timestamp())
+            time.sleep(self.stall)
+
+
+async def run_after_downtime(
+    url: str, store: SQLAlchemyStore, announced: Announced
+) -> tuple[float, list[float], dict[str, int]]:
+    """Seed a last tick 5 s ago, then run a job every 0.25 s (catch_up=10 s) on
+    ``store`` until its third run: the seeded tick, the ticks run, the skips."""
+    grid = Every(seconds=0.25)
+    seeded = grid.last_at_or_before(time.time()) - 5
+    async with engine_for(url) as engine:
+        seed = SQLAlchemyStore(engine)
+        await seed.open({}, Instance())
+        await release1(seed, "job", await claim1(seed, "job", seeded) or 0, "ok", None, 0.0)
+        await seed.close()
+        scheduler = Scheduler(store=store, shutdown_timeout=5)
+        ticks: list[float] = []
+        third = anyio.Event()
+
+        @scheduler.every(seconds=0.25, catch_up=10)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick.timestamp())
+            if len(ticks) == 3:
+                third.set()
+
+        logger = logging.getLogger("fastapi_jobs")
+        logger.addHandler(announced)
+        level, logger.level = logger.level, logging.INFO
+        try:
+            async with scheduler.running({"db": engine}):
+                with anyio.fail_after(10):
+                    await third.wait()
+        finally:
+            logger.removeHandler(announced)
+            logger.setLevel(level)
+    return seeded, ticks, dict(scheduler.job_status("job").skipped)
+
+
+def accounted(seeded: float, ticks: list[float], skipped: dict[str, int]) -> bool:
+    """Every tick after ``seeded`` up to the last run either ran once or was counted
+    as skipped."""
+    due, _ = Every(seconds=0.25).ticks_between(seeded, ticks[-1])
+    return len(set(ticks)) == len(ticks) and len(ticks) + sum(skipped.values()) == due
+
+
+@pytest.mark.parametrize("database_url", ["sqlite", "asyncpg"], indirect=True)
+async def test_a_slow_store_read_announces_and_runs_the_latest_missed_tick(
+    database_url: str,
+) -> None:
+    """The store takes 0.6 s (over two ticks) to say when the job last ran: the
+    catch-up is decided on the time after that read, and the tick announced runs."""
+    announced = Announced()
+    store = SlowLastTick(lambda state: state["db"])
+    seeded, ticks, skipped = await run_after_downtime(database_url, store, announced)
+    [tick] = announced.ticks
+    assert tick > store.read_at - 0.25 - 0.05  # the latest at the end of the read
+    assert ticks[0] == tick
+    assert accounted(seeded, ticks, skipped)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite", "asyncpg"], indirect=True)
+async def test_a_stall_after_the_catch_up_is_announced_still_runs_that_tick(
+    database_url: str,
+) -> None:
+    """The event loop stalls 0.6 s right after the announcement, so the next ticks
+    come due before the dispatcher gets to it: the announced tick runs, and the
+    ticks due meanwhile count as missed."""
+    announced = Announced(stall=0.6)
+    store = SQLAlchemyStore(lambda state: state["db"])
+    seeded, ticks, skipped = await run_after_downtime(database_url, store, announced)
+    [tick] = announced.ticks
+    assert ticks[0] == tick
+    assert ticks[1] - ticks[0] > 0.5  # the ticks of the stall did not run
+    assert accounted(seeded, ticks, skipped)
 
 
 def test_catch_up_needs_a_store() -> None:
