@@ -7,6 +7,11 @@ releases gathered for a couple of milliseconds and sent in one call from one
 task. A release that fails is kept and sent again before the next claim: until
 the database has it, this instance's own lease keeps the job from being
 claimed (or it frees itself when the lease runs out).
+
+A claim goes to the database after this instance's release of the job's
+previous run, never beside it: a run that ended just before its job's next
+tick would otherwise have that tick refused by its own unreleased claim (the
+release waits out its gathering, or a lock, while the claim overtakes it).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Claims:
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
+        self._sending: set[str] = set()  # jobs whose release is on its way
+        self._sent = anyio.Event()  # set (and replaced) as each sending ends
 
     async def claim(
         self, wanted: list[tuple[str, float]], *, manual: bool = False
@@ -52,8 +59,8 @@ class Claims:
         store = self.store
         try:
             with anyio.fail_after(store.timeout):
-                if self._unreleased:
-                    await self._send(list(self._unreleased.values()))
+                if self._unreleased or self._ended or self._sending:
+                    await self._release_first({job for job, _ in wanted})
                 if manual:
                     return await store.claim(wanted, manual=True)
                 return await store.claim(wanted)
@@ -65,6 +72,18 @@ class Claims:
                 exc,
             )
             return None
+
+    async def _release_first(self, jobs: set[str]) -> None:
+        """Before claiming ``jobs``: send the releases that failed before and the
+        gathered ones of these jobs; wait for those of them on their way."""
+        ended = [row for row in self._ended if row.job in jobs]
+        if ended:
+            self._ended = [row for row in self._ended if row.job not in jobs]
+        rows = [*self._unreleased.values(), *ended]
+        if rows:
+            await self._send(rows)
+        while not self._sending.isdisjoint(jobs):
+            await self._sent.wait()
 
     def release_soon(self, ended: Ended) -> None:
         """Queue the release of one claim; :meth:`run` sends it within ``GATHER``."""
@@ -115,11 +134,17 @@ class Claims:
     async def _send(self, rows: list[Ended]) -> Mapping[str, Exception]:
         """Release ``rows`` (the unreleased ones among them); kept to be sent again
         if the call fails, dropped once it went through or the database refused them."""
-        for row in rows:
-            self._unreleased.pop(row.job, None)
+        jobs = [row.job for row in rows]
+        for job in jobs:
+            self._unreleased.pop(job, None)
+        self._sending.update(jobs)
         try:
             return await self.store.release(rows)
         except BaseException:
             for row in rows:
                 self._unreleased.setdefault(row.job, row)
             raise
+        finally:
+            self._sending.difference_update(jobs)
+            self._sent.set()
+            self._sent = anyio.Event()

@@ -346,7 +346,7 @@ class Scheduler:
             if store is not None:
                 await store.open(self._state, self.instance)
             if self._heartbeat is not None:
-                await self._heartbeat.beat()  # learn the database's time before ticking
+                await self._heartbeat.start()  # learn the database's time before ticking
             if ticking:
                 self._log_start(runners)
             claims = None if store is None else Claims(store, self.logger)

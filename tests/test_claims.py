@@ -5,12 +5,13 @@ several instances sharing one real database. Real time, short intervals
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +21,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import Every, Instance, JobContext, LeaseLost, Scheduler
+from fastapi_jobs import Ended, Every, Instance, JobContext, LeaseLost, Scheduler
+from fastapi_jobs._heartbeat import OffsetEstimate
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, release1
@@ -249,6 +251,91 @@ async def test_a_release_the_database_missed_is_sent_again_when_it_is_back(
             await anyio.sleep(0.8)
     assert len(ticks) >= 1 + 3  # the first run's lease would have held the job for 30 s
     assert len(ticks) == len(set(ticks))
+
+
+class SlowRelease(SQLAlchemyStore):
+    """A store whose releases take 0.45 s to reach the database (a lock, a slow link)."""
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        await anyio.sleep(0.45)
+        return await super().release(ended)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite", "asyncpg"], indirect=True)
+async def test_a_run_that_ends_just_before_its_next_tick_does_not_lose_that_tick(
+    database_url: str,
+) -> None:
+    """Each run (every 0.5 s) takes 0.1 s, and its release reaches the database
+    0.05 s after the next tick is due: the next claim goes after this instance's
+    own release instead of being refused by it, so no tick is lost."""
+    ticks: list[float] = []
+    fourth = anyio.Event()
+    async with engine_for(database_url) as engine:
+        store = SlowRelease(lambda state: state["db"], timeout=2)
+        scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+        @scheduler.every(seconds=0.5)
+        async def job(ctx: JobContext) -> None:
+            ticks.append(ctx.tick.timestamp())
+            if len(ticks) == 4:
+                fourth.set()
+            await anyio.sleep(0.1)
+
+        async with scheduler.running({"db": engine}):
+            with anyio.fail_after(10):
+                await fourth.wait()
+    assert [b - a for a, b in itertools.pairwise(ticks)] == [0.5, 0.5, 0.5]
+    assert scheduler.job_status("job").skipped == {}
+
+
+def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
+    """Each beat bounds the database's offset by its round trip; a slow beat whose
+    database read its clock late (after a lock wait) does not drag the estimate off,
+    a clock stepped by 3 s is followed at once, and so is an hour's drift."""
+    estimate = OffsetEstimate()
+    assert estimate.add(0.0, 100.0005, 0.001) == pytest.approx(100.0, abs=0.002)
+    # 100 ms round trip; the database read its clock 90 ms in (its midpoint: +40 ms).
+    assert estimate.add(1.0, 101.09, 1.1) == pytest.approx(100.0, abs=0.002)
+    # The local clock stepped back 3 s: the bounds no longer meet.
+    assert estimate.add(-1.0, 101.0005, -0.999) == pytest.approx(102.0, abs=0.002)
+    # An hour on, the clocks drifted 0.1 s apart (28 ppm): the widened bounds meet it.
+    assert estimate.add(3599.0, 3701.1005, 3599.001) == pytest.approx(102.1, abs=0.002)
+
+
+class SlowFirstBeat(SQLAlchemyStore):
+    """A store whose first heartbeat waits 0.3 s before the database reads its
+    clock, as a first connection (or a lock) makes it do."""
+
+    slow = True
+
+    async def beat(self) -> float:
+        if self.slow:
+            self.slow = False
+            await anyio.sleep(0.3)
+        return await super().beat()
+
+
+async def test_a_slow_first_beat_does_not_make_the_first_ticks_early(tmp_path: Path) -> None:
+    """The first beat's round trip is 0.3 s, all of it before the database read its
+    clock: its middle would put the clock 0.15 s ahead until the next beat (a
+    minute away). A second beat at start keeps the first ticks on time."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    late: list[float] = []  # each run's start, after its tick
+    third = anyio.Event()
+    async with engine_for(url) as engine:
+        store = SlowFirstBeat(lambda state: state["db"], heartbeat=60)
+        scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+        @scheduler.every(seconds=0.1)
+        async def job(ctx: JobContext) -> None:
+            late.append(time.time() - ctx.tick.timestamp())
+            if len(late) == 3:
+                third.set()
+
+        async with scheduler.running({"db": engine}):
+            with anyio.fail_after(10):
+                await third.wait()
+    assert min(late) > -0.01, late
 
 
 async def test_sqlite_unreachable_file_skips_ticks_and_recovers(tmp_path: Path) -> None:
