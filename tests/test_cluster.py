@@ -52,11 +52,29 @@ def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run
     return all_runs
 
 
+def assert_none_left_out(url: str, job: str, ticks: list[float], interval: float) -> None:
+    """Every tick of ``job`` between the first and the last of ``ticks`` (the ticks
+    run) ran, or came due while the run before it still held the job's claim:
+    dropped, not queued. (A run can outlast its interval on a loaded machine,
+    waiting for SQLite's lock; the store's history has when each run released.
+    Instances agree on the database's time to within a few milliseconds: a
+    tick due just after a release may have been claimed just before it.)"""
+    released = dict(
+        rows(url, "SELECT tick, finished_at FROM fastapi_jobs_runs WHERE job = :job", job=job)
+    )
+    for ran, next_ran in itertools.pairwise(sorted(ticks)):
+        left_out = [ran + k * interval for k in range(1, round((next_ran - ran) / interval))]
+        held = [tick for tick in left_out if tick <= released.get(ran, -1.0) + 0.02]
+        assert left_out == held, (
+            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}"
+        )
+
+
 def test_many_jobs_across_three_processes_run_each_tick_once(
     cluster_url: str, apps: list[App]
 ) -> None:
     """5 jobs at 500 ms in 3 processes started at different moments: one run per (job, tick),
-    and no tick between the first and the last is left out."""
+    and no tick between the first and the last is left out but for a run in flight."""
     for _ in range(3):
         apps.append(App(cluster_url, JOBS=5, INTERVAL=0.5, TIMEOUT=2))
         time.sleep(0.7)
@@ -67,10 +85,9 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
         app.terminate()
     all_runs = assert_one_run_per_tick(cluster_url)
     for job in (f"job{n}" for n in range(5)):
-        ticks = sorted(tick for j, tick, *_ in all_runs if j == job)
+        ticks = [tick for j, tick, *_ in all_runs if j == job]
         assert len(ticks) >= 8
-        gaps = [b - a for a, b in itertools.pairwise(ticks) if b - a > 0.51]
-        assert not gaps, f"{job}: ticks left out: {gaps}"
+        assert_none_left_out(cluster_url, job, ticks, 0.5)
     assert len({r[3] for r in all_runs}) >= 2  # the work was shared
 
 
@@ -235,8 +252,7 @@ def test_skewed_clocks_do_not_change_outcomes(cluster_url: str, apps: list[App])
     for job in ("job0", "job1"):
         ticks = sorted(r[1] for r in all_runs if r[0] == job)
         assert len(ticks) >= 12
-        gaps = [b - a for a, b in itertools.pairwise(ticks) if b - a > 0.26]
-        assert not gaps, f"{job}: ticks left out: {gaps}"
+        assert_none_left_out(cluster_url, job, ticks, 0.25)
         late = [r[5] - r[1] for r in all_runs if r[0] == job and r[5] < r[1] - 0.1]
         assert not late, f"{job}: ran before its tick: {late}"
 
