@@ -253,6 +253,34 @@ async def test_a_release_the_database_missed_is_sent_again_when_it_is_back(
     assert len(ticks) == len(set(ticks))
 
 
+async def first_runs(
+    engine: AsyncEngine,
+    store: SQLAlchemyStore,
+    n: int,
+    every: float,
+    *,
+    catch_up: float | None = None,
+    run_seconds: float = 0.0,
+) -> tuple[list[tuple[float, float]], dict[str, int]]:
+    """Run one job every ``every`` s on ``store`` (each run ``run_seconds`` long)
+    until its ``n``th run starts: each run's tick and start, and the job's skips."""
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+    runs: list[tuple[float, float]] = []
+    nth = anyio.Event()
+
+    @scheduler.every(seconds=every, catch_up=catch_up)
+    async def job(ctx: JobContext) -> None:
+        runs.append((ctx.tick.timestamp(), time.time()))
+        if len(runs) == n:
+            nth.set()
+        await anyio.sleep(run_seconds)
+
+    async with scheduler.running({"db": engine}):
+        with anyio.fail_after(10):
+            await nth.wait()
+    return runs, dict(scheduler.job_status("job").skipped)
+
+
 class SlowRelease(SQLAlchemyStore):
     """A store whose releases take 0.45 s to reach the database (a lock, a slow link)."""
 
@@ -268,24 +296,12 @@ async def test_a_run_that_ends_just_before_its_next_tick_does_not_lose_that_tick
     """Each run (every 0.5 s) takes 0.1 s, and its release reaches the database
     0.05 s after the next tick is due: the next claim goes after this instance's
     own release instead of being refused by it, so no tick is lost."""
-    ticks: list[float] = []
-    fourth = anyio.Event()
     async with engine_for(database_url) as engine:
         store = SlowRelease(lambda state: state["db"], timeout=2)
-        scheduler = Scheduler(store=store, shutdown_timeout=5)
-
-        @scheduler.every(seconds=0.5)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick.timestamp())
-            if len(ticks) == 4:
-                fourth.set()
-            await anyio.sleep(0.1)
-
-        async with scheduler.running({"db": engine}):
-            with anyio.fail_after(10):
-                await fourth.wait()
+        runs, skipped = await first_runs(engine, store, 4, 0.5, run_seconds=0.1)
+    ticks = [tick for tick, _ in runs]
     assert [b - a for a, b in itertools.pairwise(ticks)] == [0.5, 0.5, 0.5]
-    assert scheduler.job_status("job").skipped == {}
+    assert skipped == {}
 
 
 def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
@@ -320,21 +336,10 @@ async def test_a_slow_first_beat_does_not_make_the_first_ticks_early(tmp_path: P
     clock: its middle would put the clock 0.15 s ahead until the next beat (a
     minute away). A second beat at start keeps the first ticks on time."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
-    late: list[float] = []  # each run's start, after its tick
-    third = anyio.Event()
     async with engine_for(url) as engine:
         store = SlowFirstBeat(lambda state: state["db"], heartbeat=60)
-        scheduler = Scheduler(store=store, shutdown_timeout=5)
-
-        @scheduler.every(seconds=0.1)
-        async def job(ctx: JobContext) -> None:
-            late.append(time.time() - ctx.tick.timestamp())
-            if len(late) == 3:
-                third.set()
-
-        async with scheduler.running({"db": engine}):
-            with anyio.fail_after(10):
-                await third.wait()
+        runs, _ = await first_runs(engine, store, 3, 0.1)
+    late = [started - tick for tick, started in runs]  # each run's start, after its tick
     assert min(late) > -0.01, late
 
 
@@ -611,27 +616,15 @@ async def run_after_downtime(
         await seed.open({}, Instance())
         await release1(seed, "job", await claim1(seed, "job", seeded) or 0, "ok", None, 0.0)
         await seed.close()
-        scheduler = Scheduler(store=store, shutdown_timeout=5)
-        ticks: list[float] = []
-        third = anyio.Event()
-
-        @scheduler.every(seconds=0.25, catch_up=10)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick.timestamp())
-            if len(ticks) == 3:
-                third.set()
-
         logger = logging.getLogger("fastapi_jobs")
         logger.addHandler(announced)
         level, logger.level = logger.level, logging.INFO
         try:
-            async with scheduler.running({"db": engine}):
-                with anyio.fail_after(10):
-                    await third.wait()
+            runs, skipped = await first_runs(engine, store, 3, 0.25, catch_up=10)
         finally:
             logger.removeHandler(announced)
             logger.setLevel(level)
-    return seeded, ticks, dict(scheduler.job_status("job").skipped)
+    return seeded, [tick for tick, _ in runs], skipped
 
 
 def accounted(seeded: float, ticks: list[float], skipped: dict[str, int]) -> bool:
