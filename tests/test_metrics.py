@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from fastapi_jobs.metrics import instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .cluster import App, rows
-from .conftest import HOUR, START, claim1, serve, virtual_scheduler
+from .conftest import HOUR, START, claim1, poll, serve, virtual_scheduler
 from .postgres import wait_until
 from .test_store import opened
 
@@ -43,12 +42,6 @@ def scrape(registry: CollectorRegistry) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((f"fastapi_jobs_{name}", tuple(sorted(labels.items()))))
-
-
-async def poll(check: Callable[[], Awaitable[bool]], every: float = 0.05) -> None:
-    """Until ``check()``: what is polled is a scrape of another task's reading."""
-    while not await check():  # noqa: ASYNC110 - nothing to wait on but the scrape
-        await anyio.sleep(every)
 
 
 @pytest.mark.looptime
@@ -208,16 +201,14 @@ async def test_cluster_figures_come_from_the_store_and_a_locked_database_gives_s
             samples = parse((await client.get("/metrics/")).text)
             return bool(value(samples, "last_success_timestamp_seconds", job_name="digest"))
 
-        with anyio.fail_after(15):
-            await poll(succeeded, every=0.2)
+        await poll(succeeded, within=15, every=0.2)
         failing.append(True)
 
         async def failed() -> bool:
             samples = parse((await client.get("/metrics/")).text)
             return value(samples, "last_outcome", job_name="digest", outcome="failed") == 1
 
-        with anyio.fail_after(15):
-            await poll(failed, every=0.2)
+        await poll(failed, within=15, every=0.2)
         samples = parse((await client.get("/metrics/")).text)
         assert value(samples, "store_up") == 1
         assert value(samples, "instances") == 1
@@ -239,8 +230,7 @@ async def test_cluster_figures_come_from_the_store_and_a_locked_database_gives_s
                 samples = parse((await client.get("/metrics/")).text)
                 return value(samples, "store_up") == 0
 
-            with anyio.fail_after(15):
-                await poll(down, every=0.2)
+            await poll(down, within=15, every=0.2)
             samples = parse((await client.get("/metrics/")).text)
             # The last reading stays (store_up says how to read it), and this
             # process's figures go on.
@@ -252,8 +242,7 @@ async def test_cluster_figures_come_from_the_store_and_a_locked_database_gives_s
             samples = parse((await client.get("/metrics/")).text)
             return value(samples, "store_up") == 1
 
-        with anyio.fail_after(15):
-            await poll(up, every=0.2)
+        await poll(up, within=15, every=0.2)
         # Scraped from a thread (start_http_server, a sync endpoint): the same figures.
         text = await anyio.to_thread.run_sync(generate_latest, registry)
         assert value(parse(text.decode()), "store_up") == 1

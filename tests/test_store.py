@@ -21,7 +21,7 @@ from fastapi_jobs import (
 )
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START, claim1, release1
+from .conftest import START, claim1, open_store, release1
 
 
 @asynccontextmanager
@@ -57,24 +57,27 @@ async def test_a_tick_is_claimed_once(database_url: str) -> None:
 
 async def test_a_newer_tick_waits_for_the_lease(database_url: str) -> None:
     """While a run holds its lease, the next tick is not claimed (no overlap across instances)."""
-    async with opened(database_url) as (a, engine):
-        peer = SQLAlchemyStore(engine)
-        await peer.open({}, Instance())
+    async with opened(database_url) as (a, engine), open_store(engine) as peer:
         assert await claim1(a, "digest", 100.0) == 1
         assert await claim1(peer, "digest", 200.0) is None
         await release1(a, "digest", 1, "ok", None, 1.0)
         assert await claim1(peer, "digest", 200.0) == 2
-        await peer.close()
 
 
 async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_url: str) -> None:
     """A holder that stops renewing loses the job after its lease; its renewals then fail."""
-    async with opened(database_url, lease=0.6, timeout=0.15) as (holder, engine):
-        peer = SQLAlchemyStore(engine, lease=0.6, timeout=0.15)
-        await peer.open({}, Instance())
+    # The timeout is what a claim may wait in the database, and this process may
+    # pause (a garbage collection) between stamping a claim and SQLite running it:
+    # a short timeout (0.15 s; it must stay under a third of the lease) refused
+    # the peer's claim in CI.
+    options = {"lease": 1.5, "timeout": 0.45}
+    async with (
+        opened(database_url, **options) as (holder, engine),
+        open_store(engine, **options) as peer,
+    ):
         assert await claim1(holder, "digest", 100.0) == 1
         assert await holder.renew("digest", 1)
-        await anyio.sleep(0.8)  # the lease (on the database's clock) runs out
+        await anyio.sleep(1.8)  # the lease (on the database's clock) runs out
         assert await claim1(peer, "digest", 200.0) == 2
         assert not await holder.renew("digest", 1)
         await release1(holder, "digest", 1, "ok", None, 1.0)  # a stale release changes nothing
@@ -82,7 +85,6 @@ async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_u
         assert view.jobs["digest"].fence == 2
         assert view.jobs["digest"].running_on == peer._owner
         assert view.jobs["digest"].last_outcome is None
-        await peer.close()
 
 
 async def test_release_records_the_outcome_cluster_wide(database_url: str) -> None:
@@ -193,16 +195,13 @@ async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> No
 
 async def test_close_removes_the_instance_row(database_url: str) -> None:
     """A graceful stop takes this instance off the list at once."""
-    engine = create_async_engine(database_url)
-    store, watcher = SQLAlchemyStore(engine), SQLAlchemyStore(engine)
-    await store.open({}, Instance())
-    await watcher.open({}, Instance())
-    await store.beat()
-    assert [i.id for i in (await watcher.read()).instances] == [store._owner]
-    await store.close()
-    assert (await watcher.read()).instances == []
-    await watcher.close()
-    await engine.dispose()
+    async with opened(database_url) as (watcher, engine):
+        store = SQLAlchemyStore(engine)
+        await store.open({}, Instance())
+        await store.beat()
+        assert [i.id for i in (await watcher.read()).instances] == [store._owner]
+        await store.close()
+        assert (await watcher.read()).instances == []
 
 
 async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
@@ -249,7 +248,7 @@ async def test_shipped_ddl_creates_working_tables(database_url: str) -> None:
 
 async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -> None:
     """A job guarding its write with store.fenced(ctx) cannot write once a newer run claimed."""
-    async with opened(database_url, lease=0.3, timeout=0.05) as (store, engine):
+    async with opened(database_url, lease=1.5, timeout=0.45) as (store, engine):
         async with engine.begin() as conn:
             await conn.execute(sa.text("CREATE TABLE ledger (id INTEGER PRIMARY KEY, note TEXT)"))
             await conn.execute(sa.text("INSERT INTO ledger VALUES (1, 'initial')"))
@@ -257,7 +256,7 @@ async def test_fenced_write_is_rejected_after_a_newer_claim(database_url: str) -
         old = JobContext(
             "digest", START, {}, store_logger(), fence=await claim1(store, "digest", 1.0)
         )
-        await anyio.sleep(0.4)
+        await anyio.sleep(1.7)  # the old run's lease runs out
         new = JobContext(
             "digest", START, {}, store_logger(), fence=await claim1(store, "digest", 2.0)
         )
@@ -426,8 +425,8 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
     database_url: str,
 ) -> None:
     """The first claim waits for the tables however long their creation takes (here
-    another worker's CREATE of the same table holds it 0.5 s); the claim's own
-    short deadline starts after."""
+    another worker's CREATE of the same table holds it 1 s); the claim's own
+    deadline (twice the 0.3 s timeout) starts after."""
     if database_url.startswith("sqlite"):
         pytest.skip("PostgreSQL's catalog is where concurrent CREATEs wait on each other")
     engine = create_async_engine(database_url)
@@ -436,12 +435,12 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
     await other.execute(sa.text("CREATE TABLE fastapi_jobs_claims (job TEXT)"))
 
     async def roll_back_later() -> None:
-        await anyio.sleep(0.5)
+        await anyio.sleep(1.0)
         await other.rollback()
         await other.close()
 
     async with (
-        opened(database_url, engine=engine, lease=0.6, timeout=0.05) as (store, _),
+        opened(database_url, engine=engine, lease=1.0, timeout=0.3) as (store, _),
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(roll_back_later)
