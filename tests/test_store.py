@@ -70,10 +70,9 @@ async def test_an_expired_lease_lets_a_peer_claim_and_the_fence_grows(database_u
     # pause (a garbage collection) between stamping a claim and SQLite running it:
     # a short timeout (0.15 s; it must stay under a third of the lease) refused
     # the peer's claim in CI.
-    options = {"lease": 1.5, "timeout": 0.45}
     async with (
-        opened(database_url, **options) as (holder, engine),
-        open_store(engine, **options) as peer,
+        opened(database_url, lease=1.5, timeout=0.45) as (holder, engine),
+        open_store(engine, lease=1.5, timeout=0.45) as peer,
     ):
         assert await claim1(holder, "digest", 100.0) == 1
         assert await holder.renew("digest", 1)
