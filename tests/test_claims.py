@@ -5,7 +5,6 @@ several instances sharing one real database. Real time, short intervals
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import re
@@ -127,7 +126,8 @@ async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
     database_url: str, on_statement: Callable[[Callable[..., None]], None]
 ) -> None:
     """Short runs end before their first renewal is due and send none; a run as long
-    as 1.7 leases renews about every third of the lease."""
+    as 1.7 leases renews about every third of the lease. (A lease of 1.2 s: the run
+    must outlive pauses of this process, which stop its renewals too.)"""
     renewals: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, params: object, *args: object) -> None:
@@ -136,7 +136,7 @@ async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
 
     async with engine_for(database_url) as engine:
         on_statement(count)
-        scheduler = instance(engine, lease=0.6, timeout=0.19)
+        scheduler = instance(engine, lease=1.2, timeout=0.39)
 
         @scheduler.every(seconds=0.1)
         async def short() -> None:
@@ -146,15 +146,15 @@ async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
         # every-minute job ran twice whenever a minute began in the window, ~2%).
         @scheduler.every(days=36500, run_on_startup=True)
         async def long() -> None:
-            await anyio.sleep(1.0)
+            await anyio.sleep(2.0)
 
         async with scheduler.running({"db": engine}):
-            await anyio.sleep(1.3)
+            await anyio.sleep(2.3)
     assert scheduler.job_status("long").runs == 1
     assert scheduler.job_status("short").runs >= 8
     assert scheduler.job_status("long").last_outcome == "ok"
     assert all("short" not in params for params in renewals)
-    assert 3 <= len(renewals) <= 6  # due at 0.2, 0.4, 0.6, 0.8 s into the run
+    assert 3 <= len(renewals) <= 6  # due at 0.4, 0.8, 1.2, 1.6 s into the run
 
 
 async def serve_until(scheduler: Scheduler, engine: AsyncEngine, stop: anyio.Event) -> None:
@@ -296,8 +296,10 @@ async def test_a_run_that_ends_just_before_its_next_tick_does_not_lose_that_tick
         store = SlowRelease(lambda state: state["db"], timeout=2)
         runs, skipped = await first_runs(engine, store, 4, 0.5, run_seconds=0.1)
     ticks = [tick for tick, _ in runs]
-    assert [b - a for a, b in itertools.pairwise(ticks)] == [0.5, 0.5, 0.5]
-    assert skipped == {}
+    assert "claimed_elsewhere" not in skipped  # refused by its own release: the bug
+    # Each tick ran; or, if this process stood still past one (a pause in CI),
+    # was counted as missed.
+    assert accounted(ticks[0] - 0.5, ticks, skipped, every=0.5)
 
 
 def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
@@ -616,10 +618,12 @@ async def run_after_downtime(
     return seeded, [tick for tick, _ in runs], skipped
 
 
-def accounted(seeded: float, ticks: list[float], skipped: dict[str, int]) -> bool:
+def accounted(
+    seeded: float, ticks: list[float], skipped: dict[str, int], every: float = 0.25
+) -> bool:
     """Every tick after ``seeded`` up to the last run either ran once or was counted
     as skipped."""
-    due, _ = Every(seconds=0.25).ticks_between(seeded, ticks[-1])
+    due, _ = Every(seconds=every).ticks_between(seeded, ticks[-1])
     return len(set(ticks)) == len(ticks) and len(ticks) + sum(skipped.values()) == due
 
 

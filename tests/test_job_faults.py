@@ -16,7 +16,7 @@ import pytest
 
 from fastapi_jobs import ConfigurationError, Every, Scheduler
 
-from .conftest import HOUR, virtual_scheduler
+from .conftest import HOUR, poll, virtual_scheduler
 
 pytestmark = pytest.mark.looptime
 
@@ -110,12 +110,15 @@ async def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
             during = scheduler.job_status("blocking")
             calls_during = calls
             release.set()
-            await anyio.sleep(0.5)
+            await poll(lambda: scheduler.job_status("blocking").runs >= 2)  # then ran again
     after = scheduler.job_status("blocking")
     assert during.running is True
     assert calls_during == 1 and most == 1
-    assert after.skipped.get("overlap", 0) >= 4  # counted when the run ends
-    assert after.failures == 1 and after.runs >= 2  # timed out once, then ran again
+    # Counted when the run ends; ticks that went by while this process stood
+    # still (a pause in CI) are counted as missed instead.
+    assert after.skipped.get("overlap", 0) >= 1
+    assert after.skipped.get("overlap", 0) + after.skipped.get("missed", 0) >= 4
+    assert after.failures == 1  # timed out once
     assert after.last_error is not None and after.last_error.type == "TimeoutError"
     reported = [r.getMessage() for r in caplog.records]
     assert any("cannot be stopped" in m and "'blocking'" in m for m in reported)
