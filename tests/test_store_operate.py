@@ -156,8 +156,7 @@ async def test_with_the_database_down_control_calls_answer_503_and_change_nothin
 async def test_a_retried_run_holds_its_claim_and_its_history_row_counts_the_attempts(
     database_url: str,
 ) -> None:
-    store = SQLAlchemyStore(database_url, lease=3, timeout=0.5)
-    scheduler = Scheduler(store=store)
+    scheduler = Scheduler(store=SQLAlchemyStore(database_url))
     calls: list[int | None] = []
 
     async def flaky(ctx: JobContext) -> None:
