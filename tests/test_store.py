@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +23,7 @@ from fastapi_jobs import (
 )
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START, claim1, open_store, release1
+from .conftest import START, claim1, open_store, poll, release1
 
 
 @asynccontextmanager
@@ -190,6 +192,49 @@ async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> No
         assert job.last_outcome == "cancelled"
         assert job.last_error is not None and "came back after its deadline" in job.last_error
         assert await claim1(store, "digest", 101.0) == 2  # free at once, not after 30 s
+
+
+class AnswerLost(SQLAlchemyStore):
+    """A store whose claim operations outlast their deadline after the database
+    made the claims: the answer is lost, as when this process stalls (a long
+    garbage collection, a suspended VM) or the reply crawls back."""
+
+    async def _claim_all(self, *args: Any) -> dict[str, int | Exception]:
+        fences = await super()._claim_all(*args)
+        await asyncio.sleep(10)  # cut by the operation's deadline (twice the timeout)
+        return fences
+
+
+async def test_a_claim_whose_answer_was_lost_is_released(database_url: str) -> None:
+    """The database made the claims but the operation hit its deadline before it
+    had the answer: the store looks up which of the ticks it asked for it holds and
+    releases them, so the jobs are free for their next ticks instead of held for
+    a lease by runs that never happen. A claim of the same instance it did not give
+    up on is left alone."""
+    async with opened(database_url) as (store, engine):
+        assert await claim1(store, "running", 1.0) == 1  # a run of this instance goes on
+        # The same instance, its claims made through a stalled call.
+        lossy, same = AnswerLost(engine, lease=30, timeout=0.1), store._instance
+        assert same is not None
+        await lossy.open({}, same)
+        try:
+            with pytest.raises(TimeoutError):
+                await lossy.claim([("digest", 100.0), ("report", 100.0), ("running", 2.0)])
+
+            async def released() -> bool:
+                jobs = (await store.read()).jobs
+                return all(jobs[job].running_on is None for job in ("digest", "report"))
+
+            await poll(released)
+        finally:
+            await lossy.close()
+        view = await store.read()
+        assert view.jobs["digest"].last_outcome == "cancelled"
+        assert "came back after its deadline" in (view.jobs["digest"].last_error or "")
+        assert view.jobs["running"].running_on == store._owner  # not asked for: still held
+        assert view.jobs["running"].last_tick.timestamp() == 1.0  # type: ignore[union-attr]
+        assert await claim1(store, "digest", 101.0) == 2  # free now, not after 30 s
+        assert await claim1(store, "report", 101.0) == 2
 
 
 async def test_close_removes_the_instance_row(database_url: str) -> None:

@@ -280,32 +280,56 @@ class SQLAlchemyStore:
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
-        sent = self._spawn(self._in_connection(partial(self._claim_all, kind, _chunks(wanted))))
+        # Filled as the operation goes, so that a caller who gives up can tell the
+        # claims made from those whose answer never came.
+        fences: dict[str, int | Exception] = {}
+        asked: dict[str, float] = {}  # sent, not yet answered
+        sent = self._spawn(
+            self._in_connection(partial(self._claim_all, kind, _chunks(wanted), fences, asked))
+        )
         try:
             return await asyncio.shield(sent)
         except BaseException:
-            # The caller gave up (its deadline, shutdown). Should the claims be made
-            # all the same, nobody runs them: free them, or the jobs wait out a lease.
-            sent.add_done_callback(self._abandoned)
+            # The caller gave up (its deadline, shutdown), or the operation failed
+            # or hit its own deadline. Claims made all the same are run by nobody:
+            # free them, or the jobs wait out a lease.
+            sent.add_done_callback(lambda _: self._abandoned(fences, asked))
             raise
 
-    def _abandoned(self, sent: asyncio.Task[dict[str, int | Exception]]) -> None:
-        if sent.cancelled() or sent.exception() is not None:
-            return
+    def _abandoned(self, fences: dict[str, int | Exception], asked: dict[str, float]) -> None:
+        """Free what an abandoned claim operation may have claimed: the claims it
+        reported, and those whose statement went out but whose answer was lost
+        (cut by the deadline after the database had made it: a stall of this
+        process, a slow link)."""
+        made = [(job, fence) for job, fence in fences.items() if isinstance(fence, int)]
+        unanswered = {job: tick for job, tick in asked.items() if job not in fences}
+        if made or unanswered:
+            self._spawn(self._free_claims(made, unanswered))
+
+    async def _free_claims(self, made: list[tuple[str, int]], unanswered: dict[str, float]) -> None:
         error = "StoreError: the claim came back after its deadline; the tick did not run"
-        ended = [
-            Ended(job, fence, "cancelled", error, 0.0)
-            for job, fence in sent.result().items()
-            if isinstance(fence, int)
-        ]
-        if ended:
-            self._spawn(self.release(ended))
+        try:
+            if unanswered:
+                # Which of them were made: a claim of this tick by this instance
+                # is one this instance gave up on (a tick is claimed once).
+                c = self.claims
+                query = sa.select(c.c.job, c.c.fence, c.c.last_tick).where(
+                    c.c.owner == self._owner, c.c.lease_until.is_not(None)
+                )
+                rows = await self._run(lambda conn: conn.execute(query))
+                made += [(job, fence) for job, fence, tick in rows if unanswered.get(job) == tick]
+            await self.release([Ended(job, fence, "cancelled", error, 0.0) for job, fence in made])
+        except Exception as exc:  # noqa: BLE001 - the claims free when their leases end
+            logger.debug("could not free the claims of an abandoned claim: %r", exc)
 
     async def _claim_all(
-        self, kind: str, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
+        self,
+        kind: str,
+        chunks: list[list[tuple[str, Any]]],
+        fences: dict[str, int | Exception],
+        asked: dict[str, float],
+        conn: AsyncConnection,
     ) -> dict[str, int | Exception]:
-        fences: dict[str, int | Exception] = {}
-
         async def claim_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {
                 "b_owner": self._owner,
@@ -315,9 +339,12 @@ class SQLAlchemyStore:
                 "b_sent": time.time(),
             }
             params["b_rows"] = _json(rows)
+            asked.update(rows)
             result = await self._compiled.execute(conn, kind, params)
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
+            for job, _ in rows:
+                del asked[job]  # answered: claimed, or not (held, an older tick)
 
         for chunk in chunks:
             await each_row_alone_on_error(claim_rows, chunk, fences)
