@@ -344,7 +344,7 @@ class SQLAlchemyStore:
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
             for job, _ in rows:
-                del asked[job]  # answered: claimed, or not (held, an older tick)
+                asked.pop(job, None)  # answered: claimed, or not (held, an older tick)
 
         for chunk in chunks:
             await each_row_alone_on_error(claim_rows, chunk, fences)
