@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -742,11 +743,13 @@ async def test_status_shows_the_last_run_across_instances_and_the_instances(
             running = {j["name"]: j for j in (await client.get("/jobs")).json()}
             gate.set()
             await anyio.sleep(0.3)
-            for _ in range(40):  # between two runs: a run in flight has no outcome yet
-                done = (await client.get("/jobs/report")).json()
-                if done["cluster"]["last_outcome"] is not None:
-                    break
-                await anyio.sleep(0.01)
+            done: dict[str, Any] = {}
+
+            async def between_runs() -> bool:  # a run in flight has no outcome yet
+                done.update((await client.get("/jobs/report")).json())
+                return done["cluster"]["last_outcome"] is not None
+
+            await poll(between_runs)
             instances = (await client.get("/jobs/instances")).json()
     holder = running["report"]["cluster"]["running_on"]
     assert holder in (first.instance.id, second.instance.id)
