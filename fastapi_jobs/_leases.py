@@ -26,7 +26,7 @@ __all__ = ["Lease", "LeaseKeeper"]
 class Lease:
     """The lease of one claimed run."""
 
-    __slots__ = ("cancel", "ended", "fence", "job", "logger", "lost", "renewed_at")
+    __slots__ = ("cancel", "ended", "fence", "job", "logger", "lost", "renewed_at", "told")
 
     def __init__(
         self,
@@ -45,6 +45,8 @@ class Lease:
         self.logger = logger
         self.lost: str | None = None
         """Why the lease was lost, if it was."""
+        self.told = False
+        """The loss is recorded, logged and told to the observers (once)."""
         self.ended = False
 
 

@@ -25,7 +25,7 @@ from ._context import JobContext
 from ._errors import LeaseLostError
 from ._history import History
 from ._job import Job
-from ._leases import LeaseKeeper
+from ._leases import Lease, LeaseKeeper
 from ._schedules import Every
 from ._status import ErrorInfo, JobStats, Outcome, SkipReason
 from ._store import Ended
@@ -34,13 +34,17 @@ if TYPE_CHECKING:
     from ._claims import Claims
     from ._observe import Observers
 
-__all__ = ["HISTORY", "JobRunner", "Manual", "Ran", "RunResult", "backoff"]
+__all__ = ["CUT_BEFORE_TICK", "HISTORY", "JobRunner", "Manual", "Ran", "RunResult", "backoff"]
 
 _US = 1_000_000
 _new = tuple.__new__
 _NOT_STARTED = "the scheduler stopped before the run started"
 HISTORY = 50
 """Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
+CUT_BEFORE_TICK = 0.01
+"""A retry still going this long before the job's next tick is cut: the timer
+may fire a millisecond early, and must find the job free (an earlier deadline
+is handled first by the event loop, even one blocked past both)."""
 
 
 class Dispatching(Protocol):
@@ -145,6 +149,7 @@ class JobRunner:
         "_clock",
         "_gate",
         "_keep",
+        "_lease",
         "_logger",
         "_parent_logger",
         "_retry_wait",
@@ -219,6 +224,7 @@ class JobRunner:
         self._keep = keep
         self._retry_wait: anyio.CancelScope | None = None
         self._catch_up: float | None = None  # the missed tick announced at start
+        self._lease: Lease | None = None  # the claimed run's, while it goes
 
     @property
     def logger(self) -> logging.Logger:
@@ -468,7 +474,7 @@ class JobRunner:
         # per run), the run's own scope elsewhere.
         scope = None if task is not None else anyio.CancelScope()
         cancel = task.cancel if task is not None else scope.cancel  # type: ignore[union-attr]
-        lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
+        lease = self._lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
         try:
             if scope is None:
                 ran = await self.attempts(self.due, state, manual, fence, started)
@@ -480,10 +486,12 @@ class JobRunner:
                 raise
         finally:
             leases.end(lease)
+            self._lease = None
             if lease.lost is not None:
                 if task is not None:
                     task.uncancel()  # the keeper's cancel is spent
-                self._record_lost(lease.lost, fence)
+                if not lease.told:
+                    self._lost_between_attempts(lease)
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
@@ -506,15 +514,19 @@ class JobRunner:
                 claims.release_soon(_new(Ended, ended))
         return ran
 
-    def _record_lost(self, reason: str, fence: int) -> None:
-        stats, name = self.stats, self.job.name
+    def _lost_between_attempts(self, lease: Lease) -> None:
+        """The lease was lost while no attempt ran (waiting to retry): no run to
+        record, and no more retries."""
+        lease.told = True
+        name = self.job.name
         if self.observers is not None:
-            self.observers.lost(name, fence, reason)
-        stats.failures += 1
-        stats.last_outcome = "cancelled"
-        stats.last_error = LeaseLostError(f"lease lost: {reason}; the run was cancelled")
+            self.observers.lost(name, lease.fence, lease.lost or "")
+        self.stats.last_error = LeaseLostError(f"lease lost: {lease.lost}; no more retries")
         self.logger.error(
-            "job %r lost its lease (%s): run cancelled", name, reason, extra={"job": name}
+            "job %r lost its lease (%s) while waiting to retry: no more retries",
+            name,
+            lease.lost,
+            extra={"job": name},
         )
 
     def stop(self) -> None:
@@ -564,10 +576,12 @@ class JobRunner:
     ) -> Ran:
         job, clock, name = self.job, self._clock, self.job.name
         first, attempt = ran.started, 1
-        # The tick after this one, as it stood when the tick ran: a long attempt
-        # may outlast it (dropped as overlap, and the next moves on), and no retry
-        # may start after it all the same.
-        limit = self.stats.next_run_at
+        # No retry runs past the job's next tick, which runs as usual (also where
+        # nothing ticks: the CLI's run). A retry starts only if it would end in
+        # time at the pace of the attempt that failed, and an async one still
+        # going is cut just before the tick (so the tick finds the job free).
+        limit = self._next_tick(tick)
+        cut = None if limit is None else limit - CUT_BEFORE_TICK
         while attempt <= job.retries and ran.outcome != "ok":
             if ran.outcome == "cancelled" or (
                 ran.outcome == "timed_out" and not job.retry_timeouts
@@ -578,15 +592,8 @@ class JobRunner:
                 self.logger.warning("job %r: not retried, the app is stopping", name, extra=extra)
                 break
             at = clock.now() + backoff(job.retry_backoff, attempt)
-            if limit is not None and at >= limit:
-                self.logger.warning(
-                    "job %r: retry %d of %d dropped: it would start after the job's "
-                    "next tick, which runs as usual",
-                    name,
-                    attempt,
-                    job.retries,
-                    extra=extra,
-                )
+            if cut is not None and at + ran.duration >= cut:
+                self._retry_dropped(attempt, limit)
                 break
             self.logger.warning(
                 "job %r: attempt %d failed; retry %d of %d in %.3gs",
@@ -604,12 +611,34 @@ class JobRunner:
                 self._retry_wait = None
             if self.stopping:
                 break  # stop() cancelled the wait: the app is stopping
+            if cut is not None and clock.now() >= cut:  # the wait ran late
+                self._retry_dropped(attempt, limit)
+                break
             attempt += 1
             self.stats.retries += 1
-            ran = await self.run(tick, state, manual=manual, fence=fence, attempt=attempt)
+            ran = await self.run(
+                tick, state, manual=manual, fence=fence, attempt=attempt, until=cut
+            )
         finished = self.stats.last_finished_at or first
         duration = finished - first if finished > first else 0.0
         return _new(Ran, (ran.outcome, ran.error, duration, first, attempt))
+
+    def _next_tick(self, tick: float) -> float | None:
+        try:
+            return self.job.schedule.next_after(tick)
+        except Exception:  # noqa: BLE001 - the schedule's failure is the loop's to report
+            return None
+
+    def _retry_dropped(self, attempt: int, limit: float | None) -> None:
+        self.logger.warning(
+            "job %r: retry %d of %d dropped: it would not end before the job's next tick "
+            "(%s), which runs as usual",
+            self.job.name,
+            attempt,
+            self.job.retries,
+            "?" if limit is None else datetime.fromtimestamp(limit, UTC).isoformat(),
+            extra={"job": self.job.name, "attempt": attempt},
+        )
 
     # -- one run ----------------------------------------------------------
 
@@ -622,13 +651,20 @@ class JobRunner:
         fence: int | None = None,
         started: float | None = None,
         attempt: int = 1,
+        until: float | None = None,
     ) -> Ran:
         """Run the job once, guarded: whatever the job raises is logged and
         recorded, never raised; a cancellation from outside the job (shutdown,
-        timeout, lost lease, the caller) is recorded and re-raised."""
+        timeout, lost lease, the caller) is recorded and re-raised. ``until``:
+        an async run still going then is cut, as a timeout (a retry's bound)."""
         job, stats, clock = self.job, self.stats, self._clock
         if started is None:
             started = clock.now()
+        timeout = job.timeout
+        if until is not None and job.is_async and (timeout is None or until - started < timeout):
+            timeout = max(0.0, until - started)
+        else:
+            until = None  # the job's own timeout comes first
         stats.running = True
         stats.runs += 1
         stats.last_started_at = started
@@ -640,11 +676,15 @@ class JobRunner:
         try:
             if not job.is_async:
                 error = await self._call_sync(self._args(tick, state, manual, fence))
-            elif job.timeout is not None:
-                with anyio.move_on_after(job.timeout) as scope:
+            elif timeout is not None:
+                with anyio.move_on_after(timeout) as scope:
                     await job.func(*self._args(tick, state, manual, fence))
                 if scope.cancel_called:
-                    error = TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
+                    error = TimeoutError(
+                        f"the run passed its timeout of {timeout:g}s"
+                        if until is None
+                        else "the retry was cut before the job's next tick, which runs as usual"
+                    )
             elif job.takes_context:
                 await job.func(self._context(tick, state, manual, fence))
             else:
@@ -668,6 +708,7 @@ class JobRunner:
             if outcome != "ok":
                 self._report(outcome, error, duration)
             else:
+                stats.ok += 1
                 stats.last_ok_at = finished
                 if self._parent_logger.isEnabledFor(_DEBUG):
                     self.logger.debug(
@@ -743,19 +784,36 @@ class JobRunner:
         )
 
     def _report(self, outcome: Outcome, error: BaseException | None, duration: float) -> None:
+        """Count and log a run that did not end ok: the one place that does."""
         stats, name = self.stats, self.job.name
         extra = {"job": name, "outcome": outcome, "duration_s": duration}
         if outcome == "cancelled":
             stats.cancelled += 1
-            # Shutdown logs which jobs it cut; keep the previous error visible.
-            self.logger.warning("job %r was cancelled after %.3fs", name, duration, extra=extra)
+            lease = self._lease
+            if lease is None or lease.lost is None:
+                # Shutdown logs which jobs it cut; keep the previous error visible.
+                self.logger.warning("job %r was cancelled after %.3fs", name, duration, extra=extra)
+                return
+            lease.told = True
+            if self.observers is not None:  # before run_finished: a tracer's span is open
+                self.observers.lost(name, lease.fence, lease.lost)
+            stats.last_error = LeaseLostError(f"lease lost: {lease.lost}; the run was cancelled")
+            self.logger.error(
+                "job %r lost its lease (%s): run cancelled after %.3fs",
+                name,
+                lease.lost,
+                duration,
+                extra=extra,
+            )
             return
         stats.failures += 1
         stats.last_error = error
         if outcome == "timed_out":
             stats.timeouts += 1
             note = "" if self.job.is_async else " (when its thread returned)"
-            self.logger.error("job %r timed out after %.3fs%s", name, duration, note, extra=extra)
+            self.logger.error(
+                "job %r timed out after %.3fs%s: %s", name, duration, note, error, extra=extra
+            )
         else:
             self.logger.error(
                 "job %r failed after %.3fs: %r%s",

@@ -237,6 +237,7 @@ class JobStats:
         "last_outcome",
         "last_started_at",
         "next_run_at",
+        "ok",
         "retries",
         "running",
         "runs",
@@ -247,11 +248,16 @@ class JobStats:
     def __init__(self) -> None:
         self.running = False
         self.runs = 0
+        """Runs (attempts) started; each that ended is counted once, by its
+        outcome, in exactly one of ``ok``, ``failures`` (``timeouts`` of them
+        timed out) and ``cancelled``."""
         self.retries = 0
+        self.ok = 0
         self.failures = 0
         """Runs that failed or timed out (``timeouts`` of them timed out)."""
         self.timeouts = 0
         self.cancelled = 0
+        """Runs cut from outside: by shutdown, or by a lost lease."""
         self.next_run_at: float | None = None
         self.last_started_at: float | None = None
         self.last_finished_at: float | None = None

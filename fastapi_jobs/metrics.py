@@ -258,9 +258,8 @@ class Metrics:
         running = _gauge("running", "1 while a run of the job goes in this process.", "job_name")
         for runner in runners:
             name, stats = runner.job.name, runner.stats
-            ended = stats.runs - stats.running
             by_outcome = (
-                ended - stats.failures - stats.cancelled,
+                stats.ok,
                 stats.failures - stats.timeouts,
                 stats.timeouts,
                 stats.cancelled,

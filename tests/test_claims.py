@@ -19,10 +19,15 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import Ended, Every, JobContext, LeaseLost, Scheduler
+from fastapi_jobs import Ended, Every, JobContext, LeaseLost, Scheduler, tracing
 from fastapi_jobs._heartbeat import OffsetEstimate
+from fastapi_jobs.metrics import instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, open_store, poll, release1
@@ -447,15 +452,24 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
 
 
 async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A run whose lease is lost (the database locked past the lease) is cancelled;
-    the job's task lives on: later ticks run, and a later run whose own code raises
-    CancelledError is that run's failure, not a cancellation of the job."""
+    """A run whose lease is lost (the database locked past the lease) is cancelled:
+    one run, one outcome (cancelled, LeaseLostError), counted once and logged once,
+    and the metrics read those counts (none goes below zero). The job's task lives
+    on: later ticks run, and a later run whose own code raises CancelledError is that
+    run's failure, not a cancellation of the job. The run's span has the loss as an
+    event (told before the span ends)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     runs: list[str] = []
+    registry = CollectorRegistry()
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     async with engine_for(url) as engine:
         scheduler = instance(engine, lease=0.6, timeout=0.15)
+        instrument(scheduler, registry)
+        tracing.instrument(scheduler, tracer_provider=tracer_provider)
 
         started = anyio.Event()
 
@@ -469,20 +483,39 @@ async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart
                 raise asyncio.CancelledError  # the job's own bug
             runs.append("end")
 
-        async with scheduler.running({"db": engine}):
-            await started.wait()
-            await hold_lock(url, engine, 1.2)  # longer than the lease
-            lost = scheduler.job_status("job")
-            await anyio.sleep(1.6)
-            later = scheduler.job_status("job")
+        with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+            async with scheduler.running({"db": engine}):
+                await started.wait()
+                await hold_lock(url, engine, 1.2)  # longer than the lease
+                lost = scheduler.job_status("job")
+                lost_runs = registry.get_sample_value(
+                    "fastapi_jobs_runs_total", {"job_name": "job", "outcome": "cancelled"}
+                )
+                await poll(lambda: scheduler.job_status("job").runs >= 4)
+                later = scheduler.job_status("job")
+                counts = {
+                    outcome: registry.get_sample_value(
+                        "fastapi_jobs_runs_total", {"job_name": "job", "outcome": outcome}
+                    )
+                    for outcome in ("ok", "failed", "timed_out", "cancelled")
+                }
     assert runs[:2] == ["start", "start"]  # the first run never ended
+    assert lost.last_outcome == "cancelled" and lost.failures == 0 and lost_runs == 1
     assert lost.last_error is not None and lost.last_error.type == "LeaseLostError"
-    assert later.runs >= 3
-    # The lost lease and each run from the third on are failures: none of the
-    # latter was taken for a cancellation from outside.
-    assert later.failures == later.runs - 1
+    lines = [r.getMessage() for r in caplog.records if "'job'" in r.getMessage()]
+    assert len([line for line in lines if "lost its lease" in line]) == 1
+    assert not [line for line in lines if "was cancelled" in line]  # not a second time
+    # The second run was ok; the lost lease is the one cancelled run; each run from
+    # the third on is a failure: none was taken for a cancellation from outside.
+    assert later.failures == later.runs - 2
+    ended = later.runs - int(later.running)
+    assert counts == {"ok": 1, "failed": later.failures, "timed_out": 0, "cancelled": 1}
+    assert sum(counts.values()) == ended  # type: ignore[arg-type]
     assert later.last_outcome == "failed"
     assert later.last_error is not None and later.last_error.type == "CancelledError"
+    first = exporter.get_finished_spans()[0]
+    assert first.attributes is not None and first.attributes["fastapi_jobs.outcome"] == "cancelled"
+    assert [event.name for event in first.events] == ["fastapi_jobs.lease_lost"]
 
 
 async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> None:

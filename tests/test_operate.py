@@ -321,12 +321,14 @@ async def test_retries_stop_before_the_next_tick(caplog: pytest.LogCaptureFixtur
     # A retry that would start at or after the 0:02 tick is dropped (the fourth
     # try always would: it waits 40-80 s more).
     assert 2 <= len([c for c in calls if c < START + timedelta(minutes=2)]) <= 3
-    assert "dropped: it would start after the job's next tick" in caplog.text
+    assert "dropped: it would not end before the job's next tick" in caplog.text
     runs = await scheduler.runs("sync")
     assert runs[-1].outcome == "failed" and runs[-1].attempts >= 2
 
 
-async def test_no_retry_starts_after_the_next_tick_even_when_an_attempt_outlasts_it() -> None:
+async def test_no_retry_starts_that_would_not_end_before_the_next_tick() -> None:
+    """A retry starts only if, at the pace of the attempt that failed, it ends
+    before the job's next tick: that tick runs as usual, never dropped as overlap."""
     scheduler = virtual_scheduler()
     starts: list[float] = []
 
@@ -337,14 +339,72 @@ async def test_no_retry_starts_after_the_next_tick_even_when_an_attempt_outlasts
 
     scheduler.add_job(slow_failure, Every(minutes=1), retries=3, retry_backoff=1)
     async with scheduler.running():
-        await anyio.sleep(60 + 170)  # the 0:01 tick, and its retries
+        await anyio.sleep(60 + 65)  # the 0:01 and 0:02 ticks
     first = START.timestamp() + 60
-    # 0:01:00 fails at 0:01:50; its retry starts before 0:02 and fails at ~0:02:41,
-    # past 0:02 (that tick is dropped): a third try would start after 0:02, so none.
-    of_the_first_tick = [t for t in starts if first <= t < first + 120]  # 0:03 is a tick
-    assert len(of_the_first_tick) == 2
-    assert of_the_first_tick[1] < first + 60
-    assert scheduler.job_status("slow_failure").skipped.get("overlap") == 1
+    # 0:01:00 fails at 0:01:50: a retry of 50 s would end past 0:02, so none starts.
+    assert starts == [first, first + 60]
+    assert scheduler.job_status("slow_failure").skipped == {}
+
+
+async def test_retries_of_a_job_every_2s_never_cost_a_tick() -> None:
+    """A job every 2 s that fails after 0.3 s, with 5 retries 0.5 s apart: every tick
+    runs, and every attempt of a tick ends before the next one."""
+    scheduler = virtual_scheduler()
+    attempts: list[tuple[float, float, float]] = []  # (tick, start, end)
+
+    async def flaky(ctx: JobContext) -> None:
+        started = scheduler.clock.now()
+        await anyio.sleep(0.3)
+        attempts.append((ctx.tick.timestamp(), started, scheduler.clock.now()))
+        raise ConnectionError("upstream")
+
+    scheduler.add_job(flaky, Every(seconds=2), retries=5, retry_backoff=0.5)
+    async with scheduler.running():
+        await anyio.sleep(32.5)
+    status = scheduler.job_status("flaky")
+    ticks = sorted({tick for tick, _, _ in attempts})
+    assert len(ticks) == 16 and status.skipped == {}
+    assert all(end < tick + 2 for tick, _, end in attempts)
+    assert len(attempts) > len(ticks)  # and they were retried
+
+
+async def test_a_retry_still_going_at_the_next_tick_is_cut_and_the_tick_runs() -> None:
+    """An attempt that fails fast is retried; a retry that runs on is cut just before
+    the job's next tick (recorded as timed out), and that tick runs on time."""
+    scheduler = virtual_scheduler()
+    runs: list[tuple[int, float]] = []
+
+    async def job(ctx: JobContext) -> None:
+        runs.append((len(runs), scheduler.clock.now() - START.timestamp()))
+        if len(runs) == 1:
+            raise ConnectionError("upstream")  # at once: the retry looks affordable
+        if len(runs) == 2:
+            await anyio.sleep(3600)  # the retry hangs
+
+    scheduler.add_job(job, Every(minutes=1), retries=3, retry_backoff=1)
+    async with scheduler.running():
+        await anyio.sleep(60 + 65)
+        history = await scheduler.runs("job")
+    assert [at for _, at in runs][2] == 120  # the 0:02 tick ran on time
+    assert scheduler.job_status("job").skipped == {}
+    cut = history[-1]  # the 0:01 tick's entry
+    assert cut.outcome == "timed_out" and cut.attempts == 2
+    assert cut.error is not None and "cut before the job's next tick" in cut.error.message
+    assert cut.finished_at is not None and cut.finished_at < START + timedelta(minutes=2)
+
+
+async def test_without_ticking_retries_still_end_before_the_next_tick() -> None:
+    """`running(ticking=False)` (the CLI's run) has no timer, and retries are bounded
+    by the job's next tick all the same."""
+    scheduler = virtual_scheduler()
+    job = failing(scheduler, 100)
+    scheduler.add_job(job, Every(minutes=1), name="sync", retries=50, retry_backoff=5)
+    async with scheduler.running(ticking=False):
+        await anyio.sleep(30)  # 0:00:30: the next tick is 0:01
+        result = await (await scheduler.trigger("sync")).wait()
+    assert result is not None and result.outcome == "failed"
+    calls = job.calls  # type: ignore[attr-defined]
+    assert calls[-1] < START + timedelta(minutes=1) and 2 <= len(calls) <= 4
 
 
 async def test_a_timeout_is_retried_unless_the_job_says_otherwise() -> None:
