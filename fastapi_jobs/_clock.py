@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -89,15 +89,30 @@ class OffsetClock:
     With a store, the scheduler shifts its clock onto the database's: app
     hosts may be seconds apart, and a host that ticks early would claim the
     next tick before the others reach the current one. The offset is measured
-    at each instance heartbeat; the local clock still times the waits.
+    at each instance heartbeat against :meth:`local`.
+
+    Over the system clock, :meth:`local` is the monotonic clock (anchored once
+    to the wall clock): a step of this host's wall clock (NTP, a VM resumed, an
+    operator's ``date -s``) then moves nothing, where reading ``time.time()``
+    would put every tick off by the step until the next heartbeat, and the
+    instants already placed (and the timer's sleep) for good. Other clocks (a
+    test's virtual clock, a custom one) are read as they are.
     """
 
     def __init__(self, inner: Clock, offset: float = 0.0) -> None:
         self.inner = inner
         self.offset = offset
+        self.local: Callable[[], float] = inner.now
+        """The reading the offset is added to."""
+        self._steady = type(inner) is SystemClock
+        if self._steady:
+            anchor = time.time() - time.monotonic()
+            self.local = lambda: time.monotonic() + anchor
 
     def now(self) -> float:
-        return self.inner.now() + self.offset
+        return self.local() + self.offset
 
     def sleep_until(self, ts: float) -> Awaitable[None]:
+        if self._steady:
+            return _sleep(max(0.0, ts - self.now()))
         return self.inner.sleep_until(ts - self.offset)

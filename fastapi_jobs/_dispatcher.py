@@ -33,11 +33,18 @@ from ._claims import Claims
 from ._clock import Clock
 from ._runner import JobRunner
 
-__all__ = ["SLICE", "Dispatcher"]
+__all__ = ["SLICE", "WATCH_EVERY", "Dispatcher"]
 
 # Jobs woken between two turns of the event loop. One slice of trivial jobs
 # takes ~0.2 ms, so a request waits behind a slice, never behind a burst.
 SLICE = 50
+# The timer sleeps on the event loop's (monotonic) clock, and would see a wall
+# clock stepped forward meanwhile only when it wakes (after an interval, or a
+# day): the clock is watched this often (seconds) instead, so that a job whose
+# tick the step passed runs within this. A change of the wall clock against the
+# loop's larger than _STEP is a step; NTP's slewing is far smaller.
+WATCH_EVERY = 60.0
+_STEP = 1.0
 # Timers may fire a hair before the wall clock reaches the instant (the loop
 # sleeps on the monotonic clock); closer than this counts as on time.
 _EARLY = 0.001
@@ -91,6 +98,8 @@ class Dispatcher:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                watching = anyio.CancelScope()
+                tg.start_soon(self._watch_the_clock, watching)
                 with self._timer:
                     while True:
                         target = self._target = instants[0] if instants else math.inf
@@ -103,9 +112,28 @@ class Dispatcher:
                             continue  # woken early (the wall clock was stepped back) or kicked
                         heapq.heappop(instants)
                         await self._dispatch(target, buckets.pop(target), checkpoint)
+                watching.cancel()
         finally:
             self._tg, self._sleep, self._target = None, None, math.inf
             self.ended.set()
+
+    async def _watch_the_clock(self, scope: anyio.CancelScope) -> None:
+        """Kick the timer when the clock steps against the loop's (see WATCH_EVERY)."""
+        clock = self._clock
+        with scope:
+            seen = clock.now() - anyio.current_time()
+            while True:
+                await anyio.sleep(WATCH_EVERY)
+                now = clock.now() - anyio.current_time()
+                if abs(now - seen) > _STEP:
+                    self.kick()
+                seen = now
+
+    def kick(self) -> None:
+        """The clock's offset changed: sleep again, for the earliest instant as
+        the clock now reads it (the instants due meanwhile run at once)."""
+        if self._sleep is not None:
+            self._sleep.cancel()
 
     def stop(self) -> None:
         """No more instants. A claim in flight goes on: the ticks it wins are this

@@ -81,6 +81,8 @@ class Heartbeat:
         self.logger = logger
         self.on_pauses = on_pauses
         """Given the store's pauses at each beat (what :meth:`Store.pauses` returns)."""
+        self.on_step: Callable[[], None] | None = None
+        """Called when the offset moved by a step (see :meth:`beat`)."""
         self._measured = False
         self._estimate = OffsetEstimate()
 
@@ -113,12 +115,12 @@ class Heartbeat:
 
     async def beat(self) -> None:
         """One beat; a failure is logged, and the next beat tries again."""
-        local = self.clock.inner
+        local = self.clock.local
         try:
             with anyio.fail_after(self.store.timeout):
-                sent = local.now()
+                sent = local()
                 db_time = await self.store.beat()
-                received = local.now()
+                received = local()
                 # Pauses taken on other instances: the claims enforce them at
                 # once; this tells the status and spares the claims of paused
                 # jobs, and lifts a resume made elsewhere.
@@ -129,10 +131,18 @@ class Heartbeat:
         self.on_pauses(pauses)
         offset = self._estimate.add(sent, db_time, received)
         moved = offset - self.clock.offset
+        self.clock.offset = offset
         if self._measured and abs(moved) > _JUMP:
+            # The local clock stood still while the database's went on (a VM or
+            # a laptop suspended: the monotonic clock stops with it), or a
+            # custom clock jumped. The timer sleeps on the old offset: wake it,
+            # so that the ticks due since run now (the latest one, as after any
+            # late wake), not after the step's size.
             self.logger.warning(
                 "this host's clock moved %+.1fs against the database's; ticking on "
                 "the database's time (the store refuses claims of future ticks)",
                 -moved,
             )
-        self.clock.offset, self._measured = offset, True
+            if self.on_step is not None:
+                self.on_step()
+        self._measured = True

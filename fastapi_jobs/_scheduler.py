@@ -351,6 +351,8 @@ class Scheduler:
                 self._log_start(runners)
             claims = None if store is None else Claims(store, self.logger)
             dispatcher = Dispatcher(self._ticking_clock, claims)
+            if self._heartbeat is not None:
+                self._heartbeat.on_step = dispatcher.kick
             tasks = JobTasks(self._state, dispatcher, stopped)
             now = self._ticking_clock.now()
             self._claims = claims
@@ -400,6 +402,8 @@ class Scheduler:
                         observing.cancel()
         finally:
             self._state = self._claims = None
+            if self._heartbeat is not None:
+                self._heartbeat.on_step = None
             if store is not None:
                 with anyio.CancelScope(shield=True):
                     await store.close()

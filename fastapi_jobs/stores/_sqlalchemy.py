@@ -40,6 +40,12 @@ EngineSource = AsyncEngine | str | Callable[[Mapping[str, Any]], AsyncEngine]
 T = TypeVar("T")
 
 
+# SQLite reads the OS's real-time clock itself ('now'), so the time a claim is
+# sent is read there too: a wrapped or patched time.time() must not put the two
+# clocks apart (its claims would all look late).
+_sqlite_now: Callable[[], float] = time.time
+if hasattr(time, "clock_gettime"):  # not on Windows
+    _sqlite_now = partial(time.clock_gettime, time.CLOCK_REALTIME)
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
@@ -336,7 +342,7 @@ class SQLAlchemyStore:
                 "b_lease": self.lease,
                 "b_timeout": self.timeout,
                 "b_early": _FUTURE_MARGIN,
-                "b_sent": time.time(),
+                "b_sent": _sqlite_now(),
             }
             params["b_rows"] = _json(rows)
             asked.update(rows)

@@ -1,0 +1,120 @@
+"""A step of the host's wall clock (NTP, a VM resumed, `date -s`), seen by the
+scheduler. With a store, jobs tick on the database's time and go on as before;
+without one, ticks are wall-clock instants, as the README says."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import anyio
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs._dispatcher import WATCH_EVERY
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import START, poll
+
+
+class SteppedTime:
+    """``time.time`` with a step added from the moment :meth:`step` is called."""
+
+    def __init__(self) -> None:
+        self.real = time.time
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return self.real() + self.offset
+
+    def step(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+async def test_with_a_store_a_wall_clock_step_changes_nothing(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app host's clock steps ten minutes ahead, then ten minutes behind, while
+    a job runs every 0.2 s: the job goes on ticking on the database's time, each
+    tick once, none counted as missed and none placed ten minutes away."""
+    wall = SteppedTime()
+    monkeypatch.setattr(time, "time", wall)
+    engine = create_async_engine(database_url)
+    ticks: list[datetime] = []
+    scheduler = Scheduler(store=SQLAlchemyStore(engine, heartbeat=0.3), shutdown_timeout=5)
+
+    @scheduler.every(seconds=0.2)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+
+    statuses = []
+    try:
+        async with scheduler.running():
+            await poll(lambda: len(ticks) >= 3)
+            for step in (600.0, -1200.0):
+                wall.step(step)
+                stepped_at = len(ticks)
+                await poll(lambda: len(ticks) >= stepped_at + 4)  # noqa: B023 - called here
+                statuses.append(scheduler.job_status("job"))
+    finally:
+        await engine.dispose()
+    assert len(ticks) == len(set(ticks))
+    # On the grid of the real time, not ten minutes off it.
+    assert all(abs(tick.timestamp() - wall.real()) < 60 for tick in ticks)
+    for status in statuses:
+        assert status.skipped.get("missed", 0) <= 2  # the test's own stalls, at most
+        assert status.next_run_at is not None
+        assert abs(status.next_run_at.timestamp() - wall.real()) < 60
+
+
+class SteppingClock:
+    """A wall clock over the (virtual) loop's that can be stepped, as the system
+    clock is by NTP; sleeps go by the loop's clock, as asyncio's do."""
+
+    def __init__(self, start: datetime) -> None:
+        self.base = start.timestamp()
+        self.anchor: float | None = None
+
+    def now(self) -> float:
+        if self.anchor is None:
+            self.anchor = anyio.current_time()
+        return self.base + anyio.current_time() - self.anchor
+
+    async def sleep_until(self, ts: float) -> None:
+        await anyio.sleep(max(0.0, ts - self.now()))
+
+    def step(self, seconds: float) -> None:
+        self.base += seconds
+
+
+@pytest.mark.looptime
+async def test_without_a_store_ticks_follow_the_wall_clock() -> None:
+    """Without a store the wall clock is the only time there is: stepped forward, the
+    ticks in between count as missed and the latest runs within a minute (the timer
+    wakes at least that often), not when the interval's sleep would have ended;
+    stepped back, the ticks that ran are not run again: the job waits for the clock
+    to come back to its next tick."""
+    clock = SteppingClock(START)
+    scheduler = Scheduler(clock=clock)
+    ticks: list[float] = []
+
+    @scheduler.every(hours=1)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(clock.now() - START.timestamp())
+
+    async with scheduler.running():
+        await anyio.sleep(HOUR + 600)  # 1:00 ran; 1:10
+        clock.step(3 * HOUR)  # 4:10
+        await anyio.sleep(WATCH_EVERY)
+        forward = scheduler.job_status("job")
+        assert len(ticks) == 2 and 4 * HOUR + 600 <= ticks[1] <= 4 * HOUR + 600 + WATCH_EVERY
+        clock.step(-3 * HOUR)  # 1:11
+        await anyio.sleep(HOUR)  # 2:11 on the clock, 5:11 was its next tick
+        back = scheduler.job_status("job")
+        await anyio.sleep(3 * HOUR)  # 5:11
+    assert forward.skipped == {"missed": 2}  # 2:00 and 3:00; 4:00 ran, late
+    assert len(ticks) == 3 and back.runs == 2 and ticks[2] == 5 * HOUR
+
+
+HOUR = 3600.0
