@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from pathlib import Path
 
 import anyio
 import pytest
@@ -118,3 +119,45 @@ async def test_without_a_store_ticks_follow_the_wall_clock() -> None:
 
 
 HOUR = 3600.0
+
+
+class StepClock:
+    """A clock of the app's own (not the system clock, so read as it is) that an
+    operator can step."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    async def sleep_until(self, ts: float) -> None:
+        await anyio.sleep(max(0.0, ts - self.now()))
+
+
+async def test_with_a_store_an_offset_jump_wakes_the_timer(tmp_path: Path) -> None:
+    """A clock that cannot be read through the monotonic one steps ten minutes
+    back: the next heartbeat moves the offset by as much, and the timer, asleep
+    on the old offset, is woken, so the job ticks again within a heartbeat or two
+    instead of after ten minutes. (The heartbeat is slower than the job, so the
+    timer goes back to sleep on the old offset before the beat corrects it.)"""
+    clock = StepClock()
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}")
+    ticks: list[datetime] = []
+    store = SQLAlchemyStore(engine, heartbeat=1.0)
+    scheduler = Scheduler(store=store, clock=clock, shutdown_timeout=5)
+
+    @scheduler.every(seconds=0.2)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+
+    try:
+        async with scheduler.running():
+            await poll(lambda: len(ticks) >= 3)
+            clock.offset = -600.0
+            stepped_at = len(ticks)
+            await poll(lambda: len(ticks) >= stepped_at + 3)
+    finally:
+        await engine.dispose()
+    assert len(ticks) == len(set(ticks))
+    assert all(abs(tick.timestamp() - time.time()) < 60 for tick in ticks)
