@@ -15,6 +15,7 @@ attribute check.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections import deque
@@ -59,6 +60,10 @@ class RunStarted(NamedTuple):
     manual: bool
     fence: int | None
     instance: str
+    asked_from: contextvars.Context | None = None
+    """For a run asked for by hand (``trigger``, ``POST /jobs/{name}/run``): the
+    context of the caller, e.g. a request, to read its context variables (the
+    run itself starts from the scheduler's context, never the caller's)."""
 
     @property
     def tick_at(self) -> datetime:
@@ -180,9 +185,10 @@ class Observers:
         attempt: int,
         manual: bool,
         fence: int | None,
+        asked_from: contextvars.Context | None = None,
     ) -> None:
         if self._sync["run_started"] or self._async["run_started"]:
-            event = (job, tick, started, attempt, manual, fence, self.instance)
+            event = (job, tick, started, attempt, manual, fence, self.instance, asked_from)
             self._emit("run_started", _new(RunStarted, event))
 
     def finished(

@@ -9,6 +9,7 @@ dispatcher), never queued, and no task is spawned per run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import random
@@ -117,12 +118,14 @@ class Ran(NamedTuple):
 class Manual:
     """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
 
-    __slots__ = ("done", "ran")
+    __slots__ = ("asked_from", "done", "ran")
 
     def __init__(self) -> None:
         self.ran: Ran | None = None
         """How it ended; None until :attr:`done` (and for a cancelled run)."""
         self.done = anyio.Event()
+        self.asked_from = contextvars.copy_context()
+        """The caller's context (its request, its span), for the observers."""
 
 
 def backoff(base: float, attempt: int) -> float:
@@ -672,7 +675,9 @@ class JobRunner:
         error: BaseException | None = None
         observers = self.observers
         if observers is not None:
-            observers.started(job.name, tick, started, attempt, manual, fence)
+            asked = self.manual
+            asked_from = None if asked is None or not manual else asked.asked_from
+            observers.started(job.name, tick, started, attempt, manual, fence, asked_from)
         try:
             if not job.is_async:
                 error = await self._call_sync(self._args(tick, state, manual, fence))

@@ -13,11 +13,17 @@ grace, which on asyncio the scheduler stops waiting for (see
 anyio task costs ~60 µs and ~3 KiB more per job to start (its own cancel scope,
 event and wrapper coroutine). Elsewhere (trio) each is an anyio task in its own
 scope.
+
+Every job's task starts from a copy of the scheduler's own context, taken when
+it starts: a task copies the context of whoever makes it, and the first to wake
+a job may be a request (a trigger), whose context variables (and tracing span)
+would otherwise live on in every later run of the job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +57,7 @@ class JobTasks:
         self._stopping = False
         self._failed: BaseException | None = None
         self._pending: list[JobRunner] = []  # asked for before the owner ran
+        self._context = contextvars.copy_context()
 
     def spawn(self, runner: JobRunner) -> None:
         """Make ``runner``'s task (once; it serves until the scheduler stops)."""
@@ -60,13 +67,16 @@ class JobTasks:
         loop, tg = self._loop, self._tg
         if loop is not None:
             task = loop.create_task(
-                runner.serve(self._state, self._dispatcher), name=f"fastapi_jobs:{runner.job.name}"
+                runner.serve(self._state, self._dispatcher),
+                name=f"fastapi_jobs:{runner.job.name}",
+                context=self._context.copy(),
             )
             runner.bind(task.cancel, task)
             self._spawned.append(runner)
             task.add_done_callback(self._ended)
         elif tg is not None:
-            tg.start_soon(self._serve_in_scope, runner)
+            # The new task copies the context it is started from: this one.
+            self._context.copy().run(tg.start_soon, self._serve_in_scope, runner)
         else:
             self._live -= 1
             self._pending.append(runner)

@@ -92,10 +92,19 @@ class Tracing:
         return name
 
     def run_started(self, event: RunStarted) -> None:
+        links = None
+        if event.asked_from is not None:
+            # A run asked for by a request links to the request's span; its parent
+            # is the scheduler's context, as for any run (the request has ended
+            # long before a long run does).
+            asked = event.asked_from.run(trace.get_current_span).get_span_context()
+            if asked.is_valid:
+                links = [trace.Link(asked)]
         span = self.tracer.start_span(
             f"fastapi_jobs.run {event.job}",
             kind=SpanKind.INTERNAL,
             start_time=int(event.started * _NS),
+            links=links,
         )
         if span.is_recording():
             attributes: dict[str, str | int | bool] = {

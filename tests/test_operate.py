@@ -3,13 +3,15 @@ retries within the tick, the run history, and the control router's guards."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.routing import APIRoute
 
 from fastapi_jobs import (
@@ -150,6 +152,34 @@ async def test_a_tick_during_a_triggered_run_is_dropped_as_overlap() -> None:
         await anyio.sleep(HOUR + 120)  # the 2:00 tick runs
         assert scheduler.job_status("digest").skipped == {"overlap": 1}
     assert runs == [True, False]
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+async def test_a_job_first_woken_by_a_request_does_not_carry_its_context() -> None:
+    """A job's first run is a trigger over HTTP, whose request set a context
+    variable: neither that run nor the scheduled ones after it see the request's
+    value (each job's task starts from the scheduler's context)."""
+    scheduler = virtual_scheduler()
+    seen: list[str] = []
+
+    @scheduler.every(hours=1)
+    async def digest() -> None:
+        seen.append(REQUEST_ID.get())
+
+    app = make_app(scheduler)
+
+    @app.middleware("http")
+    async def tag(request: Request, call_next: Any) -> Any:
+        REQUEST_ID.set("req-1")
+        return await call_next(request)
+
+    async with serve(app) as client:
+        answer = await client.post("/jobs/digest/run?wait=true", headers=ADMIN)
+        assert answer.status_code == 200
+        await anyio.sleep(2 * HOUR + 1)
+    assert seen == ["-", "-", "-"]
 
 
 async def test_unknown_job_is_404_with_the_names_and_trigger_needs_a_running_app() -> None:

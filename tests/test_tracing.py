@@ -225,3 +225,32 @@ async def test_a_claimed_runs_span_has_its_fence(tmp_path: Path) -> None:
     span = exporter.get_finished_spans()[0]
     assert span.attributes is not None
     assert span.attributes["fastapi_jobs.fence"] == fences[0] == 1
+
+
+async def test_a_trigger_from_a_request_links_to_its_span_and_later_runs_do_not_inherit_it() -> (
+    None
+):
+    """A job first woken by a request's trigger: its run's span links to the
+    request's span instead of being its child, and the later scheduled runs carry
+    nothing of that request (no parent, no link)."""
+    tracer_provider, exporter, meter_provider, _ = providers()
+    scheduler = virtual_scheduler()
+    instrument(scheduler, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    app_tracer = tracer_provider.get_tracer("app")
+
+    @scheduler.every(hours=1)
+    async def digest() -> None:
+        await anyio.sleep(1)
+
+    async with scheduler.running():
+        with app_tracer.start_as_current_span("POST /jobs/digest/run") as request:
+            await scheduler.trigger("digest")
+        await anyio.sleep(2 * HOUR + 10)
+    triggered, *scheduled = named(exporter.get_finished_spans(), "fastapi_jobs.run digest")
+    assert triggered.attributes is not None and triggered.attributes["fastapi_jobs.manual"]
+    assert triggered.parent is None
+    assert [link.context.span_id for link in triggered.links] == [
+        request.get_span_context().span_id
+    ]
+    assert len(scheduled) == 2
+    assert all(span.parent is None and not span.links for span in scheduled)

@@ -3,6 +3,7 @@ anyio tasks, each in its own cancel scope."""
 
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
 
 import anyio
@@ -46,6 +47,30 @@ def test_jobs_tick_and_stop_on_trio() -> None:
     assert all(abs(t * 20 - round(t * 20)) < 1e-6 for t in ticks)  # on the 50 ms grid
     assert scheduler.job_status("slow").last_outcome == "ok"  # drained, not cut
     assert scheduler.job_status("idle").runs == 0
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def test_on_trio_a_job_first_woken_by_a_trigger_does_not_carry_its_context() -> None:
+    """On trio too, a job's task starts from the scheduler's context, not from the
+    context of the task whose trigger woke it first."""
+    scheduler = Scheduler(shutdown_timeout=5)
+    seen: list[str] = []
+
+    @scheduler.every(hours=1)
+    async def job() -> None:
+        seen.append(REQUEST_ID.get())
+
+    async def main() -> None:
+        async with scheduler.running():
+            await anyio.sleep(0.01)  # the tasks' owner runs (else the spawn waits for it)
+            REQUEST_ID.set("req-1")
+            await scheduler.trigger("job", wait=True)  # its first run: its task is made
+            await scheduler.trigger("job", wait=True)
+
+    anyio.run(main, backend="trio")
+    assert seen == ["-", "-"]
 
 
 def test_the_sqlalchemy_store_says_it_needs_asyncio(tmp_path: Path) -> None:
