@@ -4,7 +4,9 @@ jobs, show a cron expression's next run times, run a job once from outside
 
 Exit codes of ``run``: 0 the run ended ok; 1 it failed or timed out (or the
 store could not be reached); 2 a usage error (unknown job, a target that is not
-found); 3 the tick was claimed elsewhere (an app instance runs it).
+found); 3 not run: the tick was claimed elsewhere (an app instance runs it), the
+job runs elsewhere, or it is paused; 128 + the signal's number (143 SIGTERM,
+130 SIGINT) when a signal stopped it before its run ended.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -21,12 +24,13 @@ from typing import Any
 
 import anyio
 
+from ._control import TriggeredRun
 from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError, JobRunningError
 from ._logging import FORMAT
 from ._runner import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron
-from ._status import pause_end
+from ._status import ErrorInfo, pause_end
 
 __all__ = ["main"]
 
@@ -138,8 +142,8 @@ def _next(expr: str, tz: str, n: int) -> int:
     return OK
 
 
-def _when(ts: float, tz: Any = None) -> str:
-    """``ts`` in ``tz`` (None: this machine's zone), and in UTC if that differs."""
+def _when(ts: float, tz: Any) -> str:
+    """``ts`` in ``tz``, and in UTC if that differs."""
     at = datetime.fromtimestamp(ts, UTC)
     local = at.astimezone(tz)
     clock = "%H:%M:%S.%f" if at.microsecond else "%H:%M:%S"  # sub-second intervals
@@ -236,15 +240,18 @@ async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
         until = job.declared_pause if pauses is None else pauses.get(name, job.declared_pause)
         paused = "paused" if until > now else "not paused"
         if pause_end(until, now) is not None:
-            paused += f" until {_when(until)}"
+            paused += f" until {_when(until, UTC)}"
         if pauses is None and scheduler.store is not None:
             paused += " (as declared: the store could not be read)"
         print(f"{name}\n  {job.schedule.describe()}\n  {where}; {paused}")
+        # In the job's own zone (a cron's), else UTC: the machine's zone is no
+        # job's, and differs between the operator's laptop and the pods.
+        zone = getattr(job.schedule, "tz", None) or UTC
         ts = now
         try:
             for _ in range(n):
                 ts = job.schedule.next_after(ts)
-                print(f"  next: {_when(ts)}")
+                print(f"  next: {_when(ts, zone)}")
         except Exception as exc:  # noqa: BLE001 - a user's schedule
             print(f"  next: its schedule fails: {exc!r}")
     return OK
@@ -268,26 +275,90 @@ async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] |
 async def _run(scheduler: Scheduler, app: Any, name: str, force: bool) -> int:
     if name not in scheduler.jobs:
         raise UsageError(str(JobNotFoundError(name, list(scheduler.jobs))))
+    work = anyio.CancelScope()
+    signalled: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stop_on_signal, scheduler, work, signalled)
+        try:
+            code = await _run_once(scheduler, app, name, force, work, signalled)
+        finally:
+            tg.cancel_scope.cancel()
+    return code
+
+
+async def _stop_on_signal(
+    scheduler: Scheduler, work: anyio.CancelScope, signalled: list[int]
+) -> None:
+    """SIGTERM (what Kubernetes sends a CronJob's pod) or SIGINT: the app's own
+    shutdown, as uvicorn gives it. The run in flight gets ``shutdown_timeout`` to
+    end, then is cut; either way it is recorded and released. A second signal
+    gets Python's default (the handler is gone by then)."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            signalled.append(signum)
+            timeout = scheduler.shutdown_timeout
+            scheduler.logger.warning(
+                "%s: stopping; the run in flight gets %s to end",
+                signal.Signals(signum).name,
+                "as long as it takes" if timeout is None else f"{timeout:g}s",
+            )
+            work.cancel()
+            return
+
+
+async def _run_once(
+    scheduler: Scheduler,
+    app: Any,
+    name: str,
+    force: bool,
+    work: anyio.CancelScope,
+    signalled: list[int],
+) -> int:
     logger = scheduler.logger
-    async with scheduler._app_state(app) as state:
-        result: RunResult | None
-        if scheduler.store is None or scheduler.jobs[name].every_instance:
-            result = await scheduler.run_now(name, state=state)
-        else:
-            async with scheduler.running(state, ticking=False):
-                try:
-                    if force:
-                        result = await (await scheduler.trigger(name)).wait()
-                    else:
-                        result = await scheduler._run_current_tick(name)
-                except JobRunningError as exc:
-                    logger.error("not run: %s", exc)
-                    return CLAIMED_ELSEWHERE
-                except FastAPIJobsError as exc:
-                    logger.error("not run: %s", exc)
-                    return FAILED
+    triggered: TriggeredRun | None = None
+    async with scheduler._app_state(app) as state, scheduler.running(state, ticking=False):
+        with work:
+            # With a store, running() read its pauses: an operator's pause, and
+            # that of an every_instance job, as much as the declared one.
+            if not force and scheduler._paused(name):
+                logger.info(
+                    "not run: job %r is paused (resume it, or pass --force to run it anyway)",
+                    name,
+                )
+                return CLAIMED_ELSEWHERE
+            try:
+                if force:
+                    triggered = await scheduler.trigger(name)
+                else:
+                    triggered = await scheduler._start_current_tick(name)
+            except JobRunningError as exc:
+                logger.info("not run: %s", exc)
+                return CLAIMED_ELSEWHERE
+            except FastAPIJobsError as exc:
+                logger.error("not run: %s", exc)
+                return FAILED
+            return _exit_code(logger, name, await triggered.wait())
+    # A signal: leaving running() waited for the run (or cut it) and released it.
+    stopped = 128 + signalled[0]  # the shell's code for "ended by that signal"
+    result = None if triggered is None else triggered.result()
+    if result is None or result.outcome == "cancelled":
+        logger.error("job %r did not run to its end: stopped by a signal", name)
+        return stopped
+    return _exit_code(logger, name, result)
+
+
+def _exit_code(logger: logging.Logger, name: str, result: RunResult | None) -> int:
     if result is None:
         logger.error("job %r did not run to its end (its lease was lost)", name)
         return FAILED
-    logger.info("job %r: %s in %.3fs", name, result.outcome, result.duration_s)
-    return OK if result.ok else FAILED
+    if result.ok:
+        logger.info("job %r: ok in %.3fs", name, result.duration_s)
+        return OK
+    logger.error(
+        "job %r: %s in %.3fs%s",
+        name,
+        result.outcome,
+        result.duration_s,
+        "" if result.error is None else f": {ErrorInfo.of(result.error)}",
+    )
+    return FAILED

@@ -48,6 +48,11 @@ class TriggeredRun:
         await self._manual.done.wait()
         if self._flush is not None:
             await self._flush()
+        return self.result()
+
+    def result(self) -> RunResult | None:
+        """How the run ended, once :attr:`done` (None if it never ran to an end
+        here); None while it goes."""
         ran = self._manual.ran
         if ran is None:
             return None

@@ -626,13 +626,17 @@ class Scheduler:
             )
         return JobRunningError(name, message=f"job {name!r}: its claim was refused")
 
-    async def _run_current_tick(self, name: str) -> RunResult | None:
-        """Claim the job's current tick (the latest due) and run it here: what
-        ``fastapi-jobs run`` does. :class:`JobRunningError` if it is taken."""
+    async def _start_current_tick(self, name: str) -> TriggeredRun:
+        """Claim the job's current tick (the latest due) and start its run here:
+        what ``fastapi-jobs run`` does. :class:`JobRunningError` if it is taken."""
         runner = self._runner(name)
         tick = runner.job.schedule.last_at_or_before(self._ticking_clock.now())
-        triggered = await self._start(name, tick, by_hand=False)
-        return await triggered.wait()
+        return await self._start(name, tick, by_hand=False)
+
+    def _paused(self, name: str) -> bool:
+        """Whether ``name`` is paused here now (with a store: as the store has it,
+        from the last heartbeat, and as declared)."""
+        return self._runner(name).paused_until > self._ticking_clock.now()
 
     async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
         """Skip the ticks of ``name`` (counted as ``skipped.paused``) until

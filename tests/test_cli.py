@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -90,3 +91,23 @@ def test_every_command_has_help_with_an_example(
         main([*command, "--help"])
     assert exited.value.code == 0
     assert "example" in capsys.readouterr().out
+
+
+def test_list_shows_each_jobs_times_in_its_own_zone_not_the_machines(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cron job's next runs in its time zone (and UTC), an interval job's in UTC,
+    whatever zone the machine is set to; a declared pause is listed as paused."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert main(["list", "tests.apps.cli_app:scheduler", "-n", "1"]) == 0
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    out = capsys.readouterr().out
+    assert "waiting\n  every 1h\n  every process (no store); paused\n  next: " in out
+    [morning] = [line for line in out.split("morning\n")[1].splitlines() if "next:" in line]
+    assert " 07:00:00 E" in morning and " UTC)" in morning
+    hourly = next(line for line in out.splitlines() if "next:" in line)
+    assert hourly.endswith(":00:00 UTC") and "JST" not in out

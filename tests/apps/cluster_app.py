@@ -4,7 +4,8 @@ Configured by the environment:
 DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
 SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s),
 RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
-fails after recording itself), RETRIES, METRICS (1: Prometheus at /metrics/, in
+fails after recording itself), RETRIES, PAUSED (1: declared paused), EVERY_INSTANCE
+(1: unclaimed), METRICS (1: Prometheus at /metrics/, in
 multiprocess mode if PROMETHEUS_MULTIPROC_DIR is set). The control router is public: the
 tests reach the app on localhost only.
 
@@ -106,11 +107,16 @@ scheduler = Scheduler(
 ME = scheduler.instance.id
 
 
+def fenced(ctx: JobContext) -> sa.ColumnElement[bool]:
+    """The run's fence as a condition (an every_instance run has none: always true)."""
+    return sa.true() if ctx.fence is None else store.fenced(ctx)
+
+
 async def fenced_write(ctx: JobContext, conn: Any) -> bool:
     """Record a write only while this run's claim is the job's latest."""
     guarded = sa.select(
         sa.literal(ctx.name), sa.literal(ctx.fence), sa.literal(ME), sa.literal(time.time())
-    ).where(store.fenced(ctx))
+    ).where(fenced(ctx))
     result = await conn.execute(
         writes.insert().from_select(["job", "fence", "instance", "at"], guarded)
     )
@@ -140,7 +146,7 @@ async def work(ctx: JobContext) -> None:
     async with engine.begin() as conn:
         await conn.execute(
             sa.update(runs)
-            .where(runs.c.job == ctx.name, runs.c.fence == ctx.fence, store.fenced(ctx))
+            .where(runs.c.job == ctx.name, runs.c.fence == ctx.fence, fenced(ctx))
             .values(finished=time.time())
         )
     if ENV.get("FAIL") == "1":
@@ -157,6 +163,8 @@ for n in range(int(ENV.get("JOBS", "1"))):
         run_on_startup=ENV.get("RUN_ON_STARTUP") == "1",
         retries=int(ENV.get("RETRIES", "0")),
         retry_backoff=0.05,
+        paused=ENV.get("PAUSED") == "1",
+        every_instance=ENV.get("EVERY_INSTANCE") == "1",
     )
 
 app = FastAPI(lifespan=scheduler.lifespan)
