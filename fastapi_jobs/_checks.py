@@ -15,6 +15,7 @@ from ._errors import ConfigurationError, short
 
 __all__ = ["MAX_NAME", "check_name", "seconds"]
 
+_DOT_SEGMENTS = (".", "..")
 MAX_NAME = 200
 """The longest job name: the claims table holds 200 characters, and a name
 shows up in URLs and in every log line of the job."""
@@ -72,15 +73,21 @@ def check_name(name: object) -> str:
         and name.isprintable()
         and name == name.strip()
         and "/" not in name
+        and name not in _DOT_SEGMENTS
     ):
         return name
     rule = (
         f"use 1 to {MAX_NAME} printable characters, no '/', no control "
-        "characters and no spaces at either end"
+        "characters, no spaces at either end, and not '.' or '..'"
     )
     if not isinstance(name, str):
         raise ConfigurationError(f"job name {short(name)} is not a string: {rule}")
     shown = short(name)
+    if name in _DOT_SEGMENTS:
+        raise ConfigurationError(
+            f"job name {shown} is not usable: browsers and clients resolve '.' and '..' "
+            f"in a URL path (/jobs/{name}/run is not that job's); {rule}"
+        )
     if not name or len(name) > MAX_NAME or name != name.strip() or "/" in name:
         raise ConfigurationError(f"job name {shown} is not usable: {rule}")
     # Printable as Python means it: no control or format characters (NUL,

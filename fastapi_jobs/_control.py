@@ -17,6 +17,8 @@ from ._runner import Manual, RunResult
 
 __all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until"]
 
+# The latest instant a datetime holds in UTC: a pause's end is shown as one.
+_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 MAX_RUNS = 1000
 """The most runs ``runs()`` / ``GET /jobs/{name}/runs`` return at once."""
 
@@ -79,6 +81,15 @@ def check_until(until: object, now: float) -> float | None:
         raise ConfigurationError(
             f"until={until.isoformat()} has no time zone: give one (UTC, or an offset "
             "such as 2026-12-01T08:00:00+00:00), so every instance reads it alike"
+        )
+    try:
+        in_utc = until.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or in_utc > _LATEST:
+        raise ConfigurationError(
+            f"until={until.isoformat()} is too far away: a pause's end is at most "
+            f"{_LATEST.isoformat().replace('+00:00', 'Z')} (or pause until resumed: no until)"
         )
     ts = until.timestamp()
     if ts <= now:

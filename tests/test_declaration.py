@@ -111,6 +111,8 @@ def test_lambda_needs_a_name() -> None:
         "\ud800",
         "zero\u200bwidth",
         "nb\u00a0sp",
+        ".",
+        "..",
     ],
 )
 def test_unusable_names_are_refused(bad_name: str) -> None:
@@ -127,7 +129,9 @@ def test_a_huge_name_is_not_echoed_whole() -> None:
     assert len(str(caught.value)) < 300 and "60002 characters" in str(caught.value)
 
 
-@pytest.mark.parametrize("good_name", ["x" * 200, "déjà vu", "billing.digest:eu-1", "名前", "a b"])
+@pytest.mark.parametrize(
+    "good_name", ["x" * 200, "déjà vu", "billing.digest:eu-1", "名前", "a b", "...", ".x", "?#%"]
+)
 def test_usable_names_are_accepted(good_name: str) -> None:
     """Any printable name up to 200 characters, spaces and non-ASCII included."""
     Scheduler().add_job(noop, Every(hours=1), name=good_name)
