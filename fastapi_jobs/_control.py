@@ -79,8 +79,8 @@ def check_until(until: object, now: float) -> float | None:
         )
     if until.tzinfo is None or until.utcoffset() is None:
         raise ConfigurationError(
-            f"until={until.isoformat()} has no time zone: give one (UTC, or an offset "
-            "such as 2026-12-01T08:00:00+00:00), so every instance reads it alike"
+            f"until={until.isoformat()} has no time zone: give one (UTC, e.g. "
+            "2026-12-01T08:00:00Z, or an offset), so every instance reads it alike"
         )
     try:
         in_utc = until.astimezone(UTC)

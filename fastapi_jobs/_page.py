@@ -195,7 +195,9 @@ def _row(
         cells.append(f'<br><span class="sub">until {_time(status.paused_until, now)}</span>')
     cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}</td>')
     nxt = status.next_run_at
-    if nxt is None:
+    if status.paused:  # its ticks are skipped: no countdown to one that will not run
+        cells.append('<td data-label="Next run"><span class="sub">none while paused</span></td>')
+    elif nxt is None:
         cells.append('<td data-label="Next run"><span class="sub">—</span></td>')
     else:
         cells.append(
@@ -215,7 +217,8 @@ def _last_run(status: JobStatus, now: float, several: bool) -> str:
     if cluster is not None:
         finished, outcome = cluster.last_finished_at, cluster.last_outcome
         duration, where = cluster.last_duration_s, cluster.running_on or cluster.last_instance
-        error = cluster.last_error if outcome in ("failed", "timed_out") else None
+        failed = outcome in ("failed", "timed_out") and cluster.last_error is not None
+        error = str(cluster.last_error) if failed else None
     else:
         finished, outcome, duration, where = (
             status.last_finished_at,

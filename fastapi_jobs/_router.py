@@ -56,15 +56,6 @@ def _fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
         raise HTTPException(303, headers={"Location": notice_url(page, code, name)}) from None
     if isinstance(exc, JobNotFoundError):
         raise HTTPException(404, str(exc)) from None
-    if isinstance(exc, JobRunningError):
-        raise HTTPException(
-            409,
-            {
-                "message": str(exc),
-                "started_at": None if exc.started_at is None else exc.started_at.isoformat(),
-                "instance": exc.instance,
-            },
-        ) from None
     if isinstance(exc, ConfigurationError):
         raise HTTPException(422, str(exc)) from None
     if isinstance(exc, (StoreError, NotRunningError)):
@@ -211,6 +202,36 @@ def build_router(scheduler: Scheduler) -> APIRouter:
     return router
 
 
+class RunConflict(BaseModel):
+    """A run of the job is going (409): ``detail`` says so, as every error's does."""
+
+    detail: str
+    started_at: datetime | None = Field(description="When the run going started, if known.")
+    instance: str | None = Field(description="The instance running it, if known.")
+
+
+def _conflict(exc: JobRunningError) -> JSONResponse:
+    body = RunConflict(detail=str(exc), started_at=exc.started_at, instance=exc.instance)
+    return JSONResponse(body.model_dump(mode="json"), status_code=409)
+
+
+def _until(until: str | None) -> datetime | None:
+    """The ``until`` of a pause, as an instant. A '+' in a query string is a space
+    once decoded, so ``?until=2026-12-01T08:00:00+00:00`` sent unencoded arrives
+    as ``...08:00:00 00:00``: read as the offset it was."""
+    if until is None:
+        return None
+    text = until.strip()
+    for attempt in (text, "+".join(text.rsplit(" ", 1))):
+        try:
+            return datetime.fromisoformat(attempt)
+        except ValueError:
+            continue
+    raise ConfigurationError(
+        f"until={until[:60]!r} is not an ISO 8601 instant: e.g. 2026-12-01T08:00:00Z"
+    )
+
+
 class TriggerAccepted(BaseModel):
     """A run asked for and started (202), not yet ended."""
 
@@ -246,7 +267,10 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         "with the outcome once ended (202 if it has not ended within `timeout`).",
         responses={
             200: {"model": TriggerEnded, "description": "It ended (wait=true)."},
-            409: {"description": "A run of the job is going (when it started, and where)."},
+            409: {
+                "model": RunConflict,
+                "description": "A run of the job is going (when it started, and where).",
+            },
             **_NOT_FOUND,
             **_NO_STORE,
         },
@@ -260,7 +284,11 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         page = _from_page(request)
         try:
             triggered = await scheduler.trigger(name)
-        except (JobNotFoundError, JobRunningError, StoreError, NotRunningError) as exc:
+        except JobRunningError as exc:
+            if page is None:
+                return _conflict(exc)
+            _fail(exc, page, name)
+        except (JobNotFoundError, StoreError, NotRunningError) as exc:
             _fail(exc, page, name)
         if page is not None:
             return RedirectResponse(notice_url(page, "started", name), status_code=303)
@@ -302,10 +330,21 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
             422: {"description": "`until` is not in the future."},
         },
     )
-    async def pause(request: Request, name: str, until: datetime | None = None) -> Any:
+    async def pause(
+        request: Request,
+        name: str,
+        until: Annotated[
+            str | None,
+            Query(
+                max_length=100,
+                description="The pause's end: an ISO 8601 instant with its zone, e.g. "
+                "2026-12-01T08:00:00Z.",
+            ),
+        ] = None,
+    ) -> Any:
         page = _from_page(request)
         try:
-            state = await scheduler.pause(name, until=until)
+            state = await scheduler.pause(name, until=_until(until))
         except (JobNotFoundError, ConfigurationError, StoreError) as exc:
             _fail(exc, page, name)
         return _answer(page, "paused", state)

@@ -426,12 +426,17 @@ class Scheduler:
                 nxt = utc(job.schedule.next_after(now))
             except Exception:  # noqa: BLE001 - a user's schedule; its loop reports it
                 nxt = None
+            paused = ""
+            if runner.paused_until > now:
+                end = pause_end(runner.paused_until, now)
+                paused = ", paused" + ("" if end is None else f" until {end.isoformat()}")
             self.logger.info(
-                "job %r: %s, next run %s, %s",
+                "job %r: %s, next run %s, %s%s",
                 job.name,
                 job.schedule.describe(),
                 "unknown" if nxt is None else nxt.isoformat(timespec="seconds"),
                 where,
+                paused,
             )
         if len(runners) > _LISTED_AT_START:
             self.logger.info(

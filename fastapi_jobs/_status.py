@@ -132,7 +132,9 @@ class ClusterJobStatus(BaseModel):
     last_finished_at: datetime | None
     last_duration_s: float | None
     last_outcome: Outcome | None
-    last_error: str | None = Field(description="'Type: message' of the last run, if it failed.")
+    last_error: ErrorInfo | None = Field(
+        description="The error of the last run, if it failed (as the top-level `last_error`)."
+    )
     last_success_at: datetime | None = Field(
         default=None,
         description="When its latest successful run ended (database clock); null if none "

@@ -129,10 +129,10 @@ async def test_trigger_while_running_is_409_with_when_it_started() -> None:
         await anyio.sleep(HOUR + 30)  # the 1:00 tick runs till 1:10
         response = await client.post("/jobs/digest/run", headers=ADMIN)
         assert response.status_code == 409
-        detail = response.json()["detail"]
-        assert detail["started_at"] == "2026-03-02T01:00:00+00:00"
-        assert detail["instance"] == scheduler.instance.id
-        assert "is running" in detail["message"]
+        body = response.json()  # `detail` a string, as in every other error; times in Z
+        assert body["started_at"] == "2026-03-02T01:00:00Z"
+        assert body["instance"] == scheduler.instance.id
+        assert "is running" in body["detail"]
         with pytest.raises(JobRunningError):
             await scheduler.trigger("digest")
 
@@ -273,6 +273,22 @@ async def test_a_pause_ending_in_the_past_or_without_a_zone_is_422(
         assert bad.status_code == 422
     with pytest.raises(ConfigurationError, match="aware datetime"):
         await scheduler.pause("digest", until="tomorrow")  # type: ignore[arg-type]
+
+
+async def test_a_pause_until_sent_unencoded_reads_its_offset() -> None:
+    """`?until=...+00:00` typed into a URL arrives as `... 00:00` (a '+' is a space
+    in a query string): it is read as the offset it was, not refused."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def digest() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        response = await client.post(
+            "/jobs/digest/pause?until=2026-03-02T05:00:00+00:00", headers=ADMIN
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["until"] == "2026-03-02T05:00:00Z"
 
 
 async def test_a_job_declared_paused_waits_for_an_operator() -> None:

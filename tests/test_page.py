@@ -3,6 +3,7 @@ virtual time (tests/test_page_browser.py drives it in a real browser)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def rows(page: str) -> dict[str, str]:
     )
 
 
+def page_row(page: str, job: str) -> str:
+    """The HTML of one job's row."""
+    start = page.index(f'data-job="{job}"')
+    return page[start : page.index("</tr>", start)]
+
+
 def make_app(scheduler: Scheduler, *, control: bool = True, prefix: str = "") -> FastAPI:
     app = FastAPI(lifespan=scheduler.lifespan)
     outer = APIRouter(prefix=prefix)
@@ -39,7 +46,9 @@ def make_app(scheduler: Scheduler, *, control: bool = True, prefix: str = "") ->
 
 
 @pytest.mark.looptime
-async def test_the_page_escapes_every_name_and_error_and_says_each_state() -> None:
+async def test_the_page_escapes_every_name_and_error_and_says_each_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     scheduler = virtual_scheduler()
 
     @scheduler.every(hours=1, name="fine")
@@ -55,11 +64,19 @@ async def test_the_page_escapes_every_name_and_error_and_says_each_state() -> No
     @scheduler.every(hours=2, name="fresh")
     async def fresh() -> None: ...
 
-    async with serve(make_app(scheduler)) as client:
-        await anyio.sleep(HOUR + 1)
-        answer = await client.get("/jobs/ui")
+    with caplog.at_level(logging.INFO, logger="fastapi_jobs"):
+        async with serve(make_app(scheduler)) as client:
+            await anyio.sleep(HOUR + 1)
+            answer = await client.get("/jobs/ui")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/html")
+    # A paused job counts down to no tick: its ticks are skipped. Its start-up line
+    # says it is paused.
+    held_row = page_row(answer.text, "held")
+    assert "data-countdown" not in held_row and "none while paused" in held_row
+    assert "data-countdown" in page_row(answer.text, "fine")
+    [started] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job 'held'")]
+    assert started.endswith(", paused")
     csp = answer.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert answer.headers["cache-control"] == "no-store"

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from fastapi_jobs import (
     ConfigurationError,
     Ended,
+    ErrorInfo,
     Instance,
     JobContext,
     LeaseLostError,
@@ -99,7 +100,10 @@ async def test_release_records_the_outcome_cluster_wide(database_url: str) -> No
     job = view.jobs["digest"]
     assert job.last_tick == START
     assert job.last_outcome == "failed"
-    assert job.last_error == "ConnectionError: smtp"
+    assert job.last_error == ErrorInfo(type="ConnectionError", message="smtp")
+    # In JSON (GET /jobs' `cluster`), the same shape as the top-level last_error.
+    shown = view.model_dump(mode="json")["jobs"]["digest"]["last_error"]
+    assert shown == {"type": "ConnectionError", "message": "smtp"}
     assert job.last_duration_s == pytest.approx(2.5)
     assert job.running_on is None
     assert job.last_instance == store._owner
@@ -137,7 +141,11 @@ async def test_releases_sent_together_share_a_statement_and_keep_their_own_outco
     assert len([s for s in statements if "UPDATE fastapi_jobs_claims" in s]) == 1
     a, b, c = (view.jobs[job] for job in ("a", "b", "c"))
     assert (a.last_outcome, a.last_error, a.last_duration_s) == ("ok", None, 0.5)
-    assert (b.last_outcome, b.last_error, b.last_duration_s) == ("failed", "KeyError: 'x'", 1.5)
+    assert (b.last_outcome, str(b.last_error), b.last_duration_s) == (
+        "failed",
+        "KeyError: 'x'",
+        1.5,
+    )
     assert (c.last_outcome, c.running_on) == (None, store._owner)  # stale fence: still held
     assert a.running_on is None and b.running_on is None
 
@@ -191,7 +199,7 @@ async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> No
         await poll(released)
         job = (await store.read()).jobs["digest"]
         assert job.last_outcome == "cancelled"
-        assert job.last_error is not None and "came back after its deadline" in job.last_error
+        assert job.last_error is not None and "came back after its deadline" in str(job.last_error)
         assert await claim1(store, "digest", 101.0) == 2  # free at once, not after 30 s
 
 
@@ -231,7 +239,7 @@ async def test_a_claim_whose_answer_was_lost_is_released(database_url: str) -> N
             await lossy.close()
         view = await store.read()
         assert view.jobs["digest"].last_outcome == "cancelled"
-        assert "came back after its deadline" in (view.jobs["digest"].last_error or "")
+        assert "came back after its deadline" in str(view.jobs["digest"].last_error)
         assert view.jobs["running"].running_on == store._owner  # not asked for: still held
         assert view.jobs["running"].last_tick.timestamp() == 1.0  # type: ignore[union-attr]
         assert await claim1(store, "digest", 101.0) == 2  # free now, not after 30 s

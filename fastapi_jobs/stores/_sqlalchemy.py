@@ -430,7 +430,7 @@ class SQLAlchemyStore:
                     last_finished_at=utc(row["finished_at"]),
                     last_duration_s=row["duration"],
                     last_outcome=row["outcome"],
-                    last_error=row["error"],
+                    last_error=ErrorInfo.parse(row["error"]),
                     last_instance=row["owner"],
                     last_success_at=utc(
                         row["finished_at"] if row["outcome"] == "ok" else successes.get(row["job"])
