@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["FORMAT", "make_visible"]
+__all__ = ["FORMAT", "LIBRARY", "make_visible"]
 
 FORMAT = "%(asctime)s %(levelname)-7s [%(process)d] %(name)s: %(message)s"
 """Time, level and pid: which of four workers said it, and when."""
+LIBRARY = "fastapi_jobs"
+"""The logger of what is not a job's run: the store (``.stores``), the metrics
+(``.metrics``). With ``Scheduler(logger=...)`` the runs go to the app's logger,
+and these stay here: both are made visible."""
 
 
 def make_visible(logger: logging.Logger) -> None:

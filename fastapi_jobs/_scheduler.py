@@ -31,7 +31,7 @@ from ._heartbeat import Heartbeat
 from ._history import run_id
 from ._job import Job
 from ._leases import LeaseKeeper
-from ._logging import make_visible
+from ._logging import LIBRARY, make_visible
 from ._observe import Observers
 from ._runner import HISTORY, JobRunner, Manual, RunResult
 from ._schedules import Cron, Every, Schedule
@@ -114,7 +114,7 @@ class Scheduler:
                 "number from 0 to 10000"
             )
         self._history = history
-        self.logger = logger or logging.getLogger("fastapi_jobs")
+        self.logger = logger or logging.getLogger(LIBRARY)
         self._observers = Observers(self.logger)
         for observer in observers:
             self._observers.add(observer)
@@ -340,6 +340,9 @@ class Scheduler:
         runners = list(self._runners.values())
         stopped = anyio.Event()
         store = self.store
+        # The library's own logger first: a scheduler logger below it then
+        # shows its lines through that handler, once.
+        make_visible(logging.getLogger(LIBRARY))  # the store's and the metrics' lines
         make_visible(self.logger)
         self._warn_if_unclaimed_in_several_processes()
         try:

@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 
 
-def serve_plain(*args: str) -> tuple[int, str]:
+def serve_plain(*args: str, **env: str) -> tuple[int, str]:
     """Run tests/apps/plain_app.py under uvicorn, let its jobs go for 1 s, SIGTERM
     it while `slow` runs; the pid and everything it printed."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "tests.apps.plain_app:app", "--port", str(port), *args],
         cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"},
+        env={**{k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"}, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -78,9 +78,13 @@ def test_plain_uvicorn_shows_jobs_failures_and_the_shutdown_wait_with_time_and_p
     assert "Application shutdown complete" in output
 
 
-def test_uvicorn_log_level_debug_shows_each_run_with_its_duration() -> None:
-    """With --log-level debug, each successful run is a line with its duration."""
-    pid, output = serve_plain("--log-level", "debug")
+def test_uvicorn_log_level_debug_shows_each_run_with_its_duration(tmp_path: Path) -> None:
+    """With --log-level debug, each successful run is a line with its duration. With
+    the app's own logger (`Scheduler(logger=...)`) and a store, the library's other
+    loggers' lines (the store's tables) are shown and formatted too."""
+    store = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    pid, output = serve_plain("--log-level", "debug", LOGGER="myapp.jobs", STORE=store)
     assert re.search(
-        line("DEBUG", pid, "fastapi_jobs.ok", r"job 'ok' ran ok in \d+\.\d{3}s"), output
-    )
+        line("DEBUG", pid, "myapp.jobs.ok", r"job 'ok' ran ok in \d+\.\d{3}s"), output
+    ), output
+    assert re.search(line("INFO", pid, "fastapi_jobs.stores", "created table"), output), output
