@@ -1,6 +1,7 @@
 """Prometheus metrics of a scheduler: ``instrument(scheduler)``.
 
-Needs prometheus_client (``pip install 'fastapi-jobs[prometheus]'``); the app
+Needs prometheus_client (the extra ``[prometheus]``: ``pip install '.[prometheus]'``
+in this project's clone); the app
 serves the registry where it serves ``/metrics`` already, e.g.
 ``app.mount("/metrics", prometheus_client.make_asgi_app())``.
 
@@ -54,7 +55,8 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        "fastapi_jobs.metrics needs prometheus_client: pip install 'fastapi-jobs[prometheus]'"
+        "fastapi_jobs.metrics needs prometheus_client: install fastapi_jobs with its extra "
+        "[prometheus] (pip install '.[prometheus]' in its clone), or prometheus_client yourself"
     ) from exc
 
 from ._errors import ConfigurationError, short

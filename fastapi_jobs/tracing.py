@@ -1,6 +1,7 @@
 """OpenTelemetry spans of a scheduler's runs: ``instrument(scheduler)``.
 
-Needs the OpenTelemetry API only (``pip install 'fastapi-jobs[otel]'``); the
+Needs the OpenTelemetry API only (the extra ``[otel]``: ``pip install '.[otel]'``
+in this project's clone); the
 app brings its SDK and exporter as for the rest of its tracing. Without one,
 the API's no-op tracer costs a few microseconds per run, and nothing else.
 
@@ -27,7 +28,8 @@ try:
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        "fastapi_jobs.tracing needs the OpenTelemetry API: pip install 'fastapi-jobs[otel]'"
+        "fastapi_jobs.tracing needs the OpenTelemetry API: install fastapi_jobs with its "
+        "extra [otel] (pip install '.[otel]' in its clone), or opentelemetry-api yourself"
     ) from exc
 
 from ._errors import ConfigurationError, short

@@ -3,14 +3,16 @@ their first line that they are fragments."""
 
 from __future__ import annotations
 
+import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fastapi_jobs import LeaseLostError, Scheduler
+from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
 
 from .conftest import serve
 
@@ -47,7 +49,12 @@ async def test_a_complete_readme_block_runs(
                 for name in scheduler.jobs:
                     assert f'fastapi_jobs_interval_seconds{{job_name="{name}"}}' in scraped
             else:
-                assert (await client.get("/jobs")).status_code == 401
+                refused = await client.get("/jobs/ui")
+                assert refused.status_code == 401
+                # A browser asks for a password: its Basic login opens the page too.
+                assert refused.headers["www-authenticate"].startswith("Basic")
+                page = await client.get("/jobs/ui", auth=("admin", "readme-token"))
+                assert page.status_code == 200
                 admin = {"Authorization": "Bearer readme-token"}
                 listed = await client.get("/jobs", headers=admin)
                 assert listed.status_code == 200
@@ -62,3 +69,44 @@ async def test_a_complete_readme_block_runs(
     for result in results:
         # A run by hand has no claim, so a write fenced by it is refused, as documented.
         assert result.ok or isinstance(result.error, LeaseLostError), result.error
+
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALL = re.compile(r"pip install ((?:(?:-e|--\S+) )*)('[^']*'|\S+)")
+
+
+def installs() -> list[tuple[str, str]]:
+    """Every `pip install` the README and the library's messages tell users to run:
+    (where, what it installs)."""
+    found = [("README.md", m.group(2)) for m in INSTALL.finditer(README)]
+    for path in sorted((ROOT / "fastapi_jobs").rglob("*.py")):
+        text = path.read_text()
+        found += [(path.name, m.group(2)) for m in INSTALL.finditer(text)]
+    return found
+
+
+def test_every_install_command_installs_this_project() -> None:
+    """`pip install 'fastapi-jobs[...]'` installed another project of that name
+    from the package index: every install command shown installs this one (from
+    its clone), with extras it has."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        extras = set(tomllib.load(file)["project"]["optional-dependencies"])
+    commands = installs()
+    assert len(commands) >= 6
+    for where, target in commands:
+        found = re.match(r"['\"]?([^'\"`\s,;)]+)", target)
+        assert found is not None, f"{where}: pip install {target}"
+        plain = found.group(1)
+        path, _, wanted = plain.partition("[")
+        assert path in (".", "./"), f"{where}: pip install {target} is not this project"
+        for extra in filter(None, wanted.rstrip("]").split(",")):
+            assert extra in extras, f"{where}: pip install {target}: no extra {extra!r}"
+
+
+def test_the_status_example_has_every_field_the_api_answers() -> None:
+    """The README's `GET /jobs` example shows each field of JobStatus and of its
+    `cluster`, no more, no less (it once lacked four that had landed)."""
+    example = json.loads(re.findall(r"```json\n(.*?)```", README, re.DOTALL)[0])
+    assert set(example) == set(JobStatus.model_fields)
+    assert set(example["cluster"]) == set(ClusterJobStatus.model_fields)
+    JobStatus.model_validate(example)  # and each value has the right shape
