@@ -929,3 +929,26 @@ async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_retu
     assert calls > 2  # it ran again once the thread had returned
     statuses = [s.job_status("blocking") for s in schedulers]
     assert sum(s.failures for s in statuses) == 1  # the one timeout, after 1.5 s
+
+
+async def test_retries_under_a_claim_never_cost_the_next_tick(database_url: str) -> None:
+    """With a store too, a failing job's retries end before its next tick: a job
+    every 0.5 s that fails after 150 ms, with five retries, loses no tick to its
+    own retries (none skipped as overlap: a retry that started before the tick
+    used to run past it)."""
+    attempts: list[datetime] = []
+    async with engine_for(database_url) as engine:
+        scheduler = instance(engine)
+
+        @scheduler.every(seconds=0.5, retries=5, retry_backoff=0.1)
+        async def flaky(ctx: JobContext) -> None:
+            attempts.append(ctx.tick)
+            await anyio.sleep(0.15)
+            raise ConnectionError("upstream")
+
+        async with scheduler.running({"db": engine}):
+            await poll(lambda: len(set(attempts)) >= 8)
+            status = scheduler.job_status("flaky")
+    assert status.skipped.get("overlap", 0) == 0
+    assert len(attempts) > len(set(attempts))  # they were retried
+    assert status.retries > 0
