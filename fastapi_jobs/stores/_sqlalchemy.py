@@ -340,7 +340,16 @@ class SQLAlchemyStore:
             }
             params["b_rows"] = _json(rows)
             asked.update(rows)
-            result = await self._compiled.execute(conn, kind, params)
+            try:
+                result = await self._compiled.execute(conn, kind, params)
+            except sa.exc.DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    # The database answered with an error: the statement made no
+                    # claim, so there is none to look up and free (it would find
+                    # a claim of the same tick made since, and end it).
+                    for job, _ in rows:
+                        asked.pop(job, None)
+                raise
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
             for job, _ in rows:
