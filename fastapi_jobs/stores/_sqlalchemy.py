@@ -15,7 +15,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -65,6 +66,24 @@ def _chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
     opposite orders (no deadlock)."""
     ordered = sorted(rows, key=lambda row: row[0])
     return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
+
+
+@asynccontextmanager
+async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction on a connection of the store's AUTOCOMMIT engine (SQLite's
+    syntax). IMMEDIATE takes the file's write lock at the start, within the busy
+    timeout, so no statement inside fails halfway for a lock."""
+    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        yield
+        await conn.exec_driver_sql("COMMIT")
+    except BaseException:
+        if not conn.invalidated:  # else SQLAlchemy closes it, which rolls back
+            try:
+                await conn.exec_driver_sql("ROLLBACK")
+            except Exception:  # noqa: BLE001 - its transaction must not go back to the pool
+                await conn.invalidate()
+        raise
 
 
 def _paused_until(paused: bool, until: float | None) -> float:
@@ -384,8 +403,14 @@ class SQLAlchemyStore:
         async def release_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {"b_rows": _json([(job, *ended) for job, ended in rows])}
             if self.history and self._dialect == "sqlite":
-                await self._compiled.execute(conn, "released_runs", params)
-            await self._compiled.execute(conn, "release", params)
+                # Two statements, one transaction: a history row written by a
+                # release whose update then failed would be written again when
+                # the release is sent again.
+                async with _transaction(conn):
+                    await self._compiled.execute(conn, "released_runs", params)
+                    await self._compiled.execute(conn, "release", params)
+            else:
+                await self._compiled.execute(conn, "release", params)
 
         for chunk in chunks:
             await each_row_alone_on_error(release_rows, chunk, failed)
