@@ -75,7 +75,7 @@ class Heartbeat:
         store: Store,
         clock: OffsetClock,
         logger: logging.Logger,
-        on_pauses: Callable[[Mapping[str, float]], None],
+        on_pauses: Callable[[Mapping[str, tuple[float, int]]], None],
     ) -> None:
         self.store = store
         self.clock = clock

@@ -27,15 +27,15 @@ async def test_a_paused_job_is_not_claimed_until_resumed_and_a_manual_claim_igno
     database_url: str,
 ) -> None:
     async with opened(database_url) as (store, _):
-        await store.pause("digest", None)
-        assert await store.pauses() == {"digest": math.inf}
+        paused = await store.pause("digest", None)
+        assert await store.pauses() == {"digest": (math.inf, paused)}
         assert await claim1(store, "digest", NOW) is None  # the scheduled claim is refused
         assert await claim1(store, "other", NOW) == 1  # other jobs are not
         fence = (await store.claim([("digest", NOW + 1)], manual=True))["digest"]
         assert fence == 1
         await store.release([Ended("digest", 1, "ok", None, 0.5, 1, True)])
-        await store.resume("digest")
-        assert await store.pauses() == {"digest": 0.0}  # resumed: kept, overrides a default
+        resumed = await store.resume("digest")
+        assert await store.pauses() == {"digest": (0.0, resumed)}  # kept: overrides a default
         assert await claim1(store, "digest", NOW + 2) == 2
 
 
@@ -46,8 +46,8 @@ async def test_a_pause_with_an_end_holds_until_then_on_the_databases_clock(
         await store.pause("digest", 1.0)  # ended long ago
         assert await claim1(store, "digest", NOW) == 1
         await store.release([Ended("digest", 1, "ok", None, 0.1)])
-        await store.pause("digest", 4_000_000_000.0)  # the year 2096
-        assert await store.pauses() == {"digest": 4_000_000_000.0}
+        version = await store.pause("digest", 4_000_000_000.0)  # the year 2096
+        assert await store.pauses() == {"digest": (4_000_000_000.0, version)}
         assert await claim1(store, "digest", NOW + 1) is None
 
 
@@ -287,8 +287,8 @@ async def test_a_store_from_before_the_history_gets_its_new_tables(database_url:
         assert await claim1(store, "digest", NOW + 1) == 2
         await store.release([Ended("digest", 2, "ok", None, 0.1)])
         assert [r.fence for r in await store.runs("digest", 5)] == [2]
-        await store.pause("digest", None)
-        assert await store.pauses() == {"digest": math.inf}
+        version = await store.pause("digest", None)
+        assert await store.pauses() == {"digest": (math.inf, version)}
 
 
 async def test_a_database_error_reaches_the_answer_without_its_sql(tmp_path: Path) -> None:
