@@ -52,7 +52,8 @@ class Ended(NamedTuple):
 class Store(Protocol):
     """Claims and run history shared by every instance of the app.
 
-    The scheduler bounds every call with ``timeout`` and cancels it at
+    The scheduler bounds every call with ``timeout`` (a pause or a resume with
+    three times that: see :meth:`pause`) and cancels it at
     shutdown; an implementation must come out of that whole: a cancelled
     call may not leave a connection broken or a task behind (the SQLAlchemy
     store runs each operation in a task of its own that callers only wait
