@@ -183,9 +183,9 @@ class HeldReading(SQLAlchemyStore):
     ``read()``, GET /jobs's), once it has its answer from the database, waits
     for the test to let it return: a slow reading, made exact."""
 
-    hold: asyncio.Event | None = None
-    reading = asyncio.Event()  # a held reading has its answer
-    answered = asyncio.Event()  # and has returned it
+    hold: asyncio.Event | None = None  # the next reading waits for it
+    reading: asyncio.Event  # set when a held reading has its answer
+    answered: asyncio.Event  # set when it returns it
 
     async def _held(self, got: Any) -> Any:
         hold = self.hold
