@@ -11,6 +11,7 @@ from ._errors import (
     LeaseLostError,
     NotRunningError,
     StoreError,
+    UnconfirmedError,
 )
 from ._job import Job
 from ._observe import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
@@ -64,4 +65,5 @@ __all__ = [
     "SystemClock",
     "TickSkipped",
     "TriggeredRun",
+    "UnconfirmedError",
 ]

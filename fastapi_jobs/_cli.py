@@ -266,7 +266,7 @@ async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] |
             await store.open(state, scheduler.instance)
             stack.push_async_callback(store.close)
             with anyio.fail_after(store.timeout):
-                return await store.pauses()
+                return {job: until for job, (until, _) in (await store.pauses()).items()}
     except Exception as exc:  # noqa: BLE001 - list what is declared instead
         scheduler.logger.warning("cannot read the store's pauses: %r", exc)
         return None

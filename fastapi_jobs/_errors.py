@@ -9,6 +9,7 @@ The hierarchy::
     ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
     ├── NotRunningError         asked to trigger a job while the scheduler is not running
     └── StoreError              the store cannot be used as configured
+        └── UnconfirmedError    a change went to the store, whose answer did not come back
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "LeaseLostError",
     "NotRunningError",
     "StoreError",
+    "UnconfirmedError",
     "short",
 ]
 
@@ -84,6 +86,12 @@ class NotRunningError(FastAPIJobsError, RuntimeError):
 
 class StoreError(FastAPIJobsError):
     """Raised when a store cannot be used as configured (wrong database, missing table)."""
+
+
+class UnconfirmedError(StoreError):
+    """Raised when a change (a pause, a resume) went to the store but its answer
+    did not come back in time: it may have been made, and the next reading of the
+    store (``GET /jobs/{name}``) shows whether it was."""
 
 
 def short(value: object, limit: int = 60) -> str:

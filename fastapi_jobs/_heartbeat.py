@@ -30,8 +30,9 @@ _DRIFT = 500e-6
 _RESOLUTION = 0.001
 # Bounds on the offset narrower than this need no second beat at start.
 _PRECISE = 0.005
-# The run history is pruned this often (seconds), by every instance: pruning is
-# idempotent, and cheap when there is nothing to prune.
+# The run history is pruned when an instance starts and then this often
+# (seconds), by every instance: pruning is idempotent, and cheap when there is
+# nothing to prune.
 PRUNE_EVERY = 600.0
 
 
@@ -74,7 +75,7 @@ class Heartbeat:
         store: Store,
         clock: OffsetClock,
         logger: logging.Logger,
-        on_pauses: Callable[[Mapping[str, float]], None],
+        on_pauses: Callable[[Mapping[str, tuple[float, int]]], None],
     ) -> None:
         self.store = store
         self.clock = clock
@@ -87,15 +88,22 @@ class Heartbeat:
         self._estimate = OffsetEstimate()
 
     async def run(self) -> None:
-        """The heartbeat's task: beats until cancelled; prunes the history now and then."""
-        since_prune = 0.0
+        """The heartbeat's task: beats until cancelled, and prunes the run history."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._prune_now_and_then)
+            while True:
+                await anyio.sleep(self.store.heartbeat)
+                await self.beat()
+
+    async def _prune_now_and_then(self) -> None:
+        """Prunes at once, then every PRUNE_EVERY, beside the beats (a slow prune
+        delays no beat and no tick). At once, because instances may live far less
+        than PRUNE_EVERY (restarted by deploys, or `fastapi-jobs run`): pruned
+        only by an instance that lived that long, the history grew past its
+        bound."""
         while True:
-            await anyio.sleep(self.store.heartbeat)
-            await self.beat()
-            since_prune += self.store.heartbeat
-            if since_prune >= PRUNE_EVERY:
-                since_prune = 0.0
-                await self.prune()
+            await self.prune()
+            await anyio.sleep(PRUNE_EVERY)
 
     async def start(self) -> None:
         """The beats before the first tick. The first beat opens a connection

@@ -74,10 +74,12 @@ NOTICES = {
     "running": "{job} is running already: not started again.",
     "unknown": "No job has that name.",
     "unavailable": "The store cannot be reached, or the app is stopping: nothing changed.",
+    "unsure": "The store did not confirm the change to {job} in time: it may have been made, "
+    "and the table below shows whether it was.",
     "invalid": "That request is not valid: nothing changed.",
 }
 """What the page says after one of its buttons (``?notice=...&job=...``)."""
-_TROUBLE = {"running", "unknown", "unavailable", "invalid"}
+_TROUBLE = {"running", "unknown", "unavailable", "unsure", "invalid"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from ._errors import (
     JobRunningError,
     NotRunningError,
     StoreError,
+    UnconfirmedError,
 )
 from ._page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, notice_url, render
 from ._status import ErrorInfo, InstanceStatus, JobStatus, Outcome, PauseState, RunRecord
@@ -38,10 +39,18 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No job has 
 _NO_STORE: dict[int | str, dict[str, Any]] = {
     503: {"description": "The store cannot be reached, or the app is stopping: nothing changed."}
 }
+_CHANGE_UNSURE: dict[int | str, dict[str, Any]] = {
+    503: {
+        "description": "The store cannot be reached or refused the change: nothing changed; "
+        "or it did not confirm the change in time: it may have been made, and "
+        "GET /jobs/{name} shows whether it was (the detail says which)."
+    }
+}
 
 
 # What the status page says of an operation's error (else: "unavailable").
 _NOTICE_OF: tuple[tuple[type[Exception], str], ...] = (
+    (UnconfirmedError, "unsure"),
     (JobNotFoundError, "unknown"),
     (JobRunningError, "running"),
     (ConfigurationError, "invalid"),
@@ -326,7 +335,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         "and across restarts (scope 'cluster'); without: this process (scope 'process').",
         responses={
             **_NOT_FOUND,
-            **_NO_STORE,
+            **_CHANGE_UNSURE,
             422: {"description": "`until` is not in the future."},
         },
     )
@@ -354,7 +363,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
         name="fastapi_jobs_resume",
         response_model=PauseState,
         summary="Resume a paused job",
-        responses={**_NOT_FOUND, **_NO_STORE},
+        responses={**_NOT_FOUND, **_CHANGE_UNSURE},
     )
     async def resume(request: Request, name: str) -> Any:
         page = _from_page(request)

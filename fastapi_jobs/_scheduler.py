@@ -25,6 +25,7 @@ from ._errors import (
     JobRunningError,
     NotRunningError,
     StoreError,
+    UnconfirmedError,
     short,
 )
 from ._heartbeat import Heartbeat
@@ -124,6 +125,8 @@ class Scheduler:
         # Jobs tick on this clock: with a store, shifted onto the database's.
         self._ticking_clock: Clock = self.clock
         self._heartbeat: Heartbeat | None = None
+        # The version of each job's pause this process has applied (with a store).
+        self._pause_versions: dict[str, int] = {}
         if store is not None:
             self._ticking_clock = on_db_time = OffsetClock(self.clock)
             self._heartbeat = Heartbeat(store, on_db_time, self.logger, self._apply_pauses)
@@ -669,19 +672,31 @@ class Scheduler:
         self, runner: JobRunner, until: float | None, *, resume: bool = False
     ) -> None:
         store, name = self.store, runner.job.name
-        if store is not None:
+        paused_until = 0.0 if resume else math.inf if until is None else until
+        verb = "resume" if resume else "pause"
+        if store is None:
+            runner.paused_until = paused_until
+        else:
             try:
-                with anyio.fail_after(store.timeout):
+                # The store decides within its timeout and answers within twice
+                # that: waited for, so that the answer says what became of it.
+                with anyio.fail_after(_CHANGE_WAIT * store.timeout):
                     if resume:
-                        await store.resume(name)
+                        version = await store.resume(name)
                     else:
-                        await store.pause(name, until)
-            except Exception as exc:
+                        version = await store.pause(name, until)
+            except StoreError as exc:
                 raise StoreError(
-                    f"cannot reach the store to {'resume' if resume else 'pause'} {name!r} "
-                    f"({ErrorInfo.of(exc)}); nothing changed"
+                    f"cannot {verb} {name!r}: {exc}; nothing changed: ask again once the "
+                    "store answers"
                 ) from exc
-        runner.paused_until = 0.0 if resume else math.inf if until is None else until
+            except Exception as exc:
+                raise UnconfirmedError(
+                    f"the store did not confirm the {verb} of {name!r} in time "
+                    f"({ErrorInfo.of(exc)}): it may have been made; GET /jobs/{name} "
+                    "shows whether it was"
+                ) from exc
+            self._apply_pause(runner, paused_until, version)
         self.logger.info(
             "job %r %s%s",
             name,
@@ -700,10 +715,22 @@ class Scheduler:
             scope="cluster" if self.store is not None else "process",
         )
 
-    def _apply_pauses(self, pauses: Mapping[str, float]) -> None:
-        """The store's pauses (each heartbeat): every job's pause as the cluster has it."""
-        for name, runner in self._runners.items():
-            runner.paused_until = pauses.get(name, runner.job.declared_pause)
+    def _apply_pauses(self, pauses: Mapping[str, tuple[float, int]]) -> None:
+        """A reading of the store's pauses (each heartbeat, GET /jobs): each job's
+        pause as the cluster has it, where it is newer than what this process has.
+        A reading may have begun before a change this process made or applied
+        since, and answer after it; its older rows are left out. A job it does not
+        list keeps what it has (the reading may be older than the job's row)."""
+        runners = self._runners
+        for name, (until, version) in pauses.items():
+            runner = runners.get(name)
+            if runner is not None:
+                self._apply_pause(runner, until, version)
+
+    def _apply_pause(self, runner: JobRunner, paused_until: float, version: int) -> None:
+        name = runner.job.name
+        if version > self._pause_versions.get(name, -1):
+            runner.paused_until, self._pause_versions[name] = paused_until, version
 
     async def runs(self, name: str, *, limit: int = 20) -> list[RunRecord]:
         """The last ``limit`` runs of ``name``, newest first: with a store, of
@@ -772,7 +799,10 @@ class Scheduler:
 
     def _statuses(self, view: ClusterView | None) -> list[JobStatus]:
         if view is not None:
-            self._apply_pauses(view.pauses)
+            versions = view.pause_versions
+            self._apply_pauses(
+                {name: (until, versions.get(name, 0)) for name, until in view.pauses.items()}
+            )
         statuses = self.status()
         if view is not None:
             for status in statuses:
@@ -834,6 +864,10 @@ class Scheduler:
 
 # Start-up lines name each job up to this many; then one line counts the rest.
 _LISTED_AT_START = 50
+
+# A pause or resume is waited for this many store timeouts: the store decides
+# within one and answers within two (see Store.pause).
+_CHANGE_WAIT = 3
 
 # After the shutdown deadline: how long runs that ignore cancellation are
 # cancelled again, and how often, before the lifespan stops waiting for them.

@@ -166,6 +166,11 @@ class ClusterView(BaseModel):
         exclude=True,
         description="As Store.pauses(): paused until (inf: until resumed; 0: resumed).",
     )
+    pause_versions: dict[str, int] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="The version of each pause in `pauses`, as Store.pauses() gives it.",
+    )
     read_at: float | None = Field(
         default=None, exclude=True, description="When it was read, on the database's clock."
     )

@@ -52,7 +52,8 @@ class Ended(NamedTuple):
 class Store(Protocol):
     """Claims and run history shared by every instance of the app.
 
-    The scheduler bounds every call with ``timeout`` and cancels it at
+    The scheduler bounds every call with ``timeout`` (a pause or a resume with
+    three times that: see :meth:`pause`) and cancels it at
     shutdown; an implementation must come out of that whole: a cancelled
     call may not leave a connection broken or a task behind (the SQLAlchemy
     store runs each operation in a task of its own that callers only wait
@@ -104,17 +105,30 @@ class Store(Protocol):
         """Tell the store this instance is alive; return the database's time."""
 
     async def read(self) -> ClusterView:
-        """The cluster-wide view for the status page."""
+        """The cluster-wide view for the status page, with the pauses and their
+        versions as :meth:`pauses` gives them."""
 
-    async def pause(self, job: str, until: float | None) -> None:
-        """Pause ``job`` for every instance until ``until`` (None: until resumed)."""
+    async def pause(self, job: str, until: float | None) -> int:
+        """Pause ``job`` for every instance until ``until`` (None: until resumed);
+        return the version of the job's pause that this change made (see
+        :meth:`pauses`).
 
-    async def resume(self, job: str) -> None:
-        """Resume ``job`` for every instance (also a job declared paused)."""
+        The scheduler waits up to three times ``timeout`` for the answer, and
+        tells its caller what became of the change: raise :class:`StoreError`
+        only when the change was not made (the database refused it, or it came
+        too late to be made); any other error says it may have been made."""
 
-    async def pauses(self) -> Mapping[str, float]:
-        """Each job an operator paused or resumed: paused until this instant
-        (``math.inf``: until resumed; 0 or a past instant: not paused). A job
+    async def resume(self, job: str) -> int:
+        """Resume ``job`` for every instance (also a job declared paused); the
+        version, and the errors, as :meth:`pause`."""
+
+    async def pauses(self) -> Mapping[str, tuple[float, int]]:
+        """Each job an operator paused or resumed: ``(until, version)``, paused
+        until this instant (``math.inf``: until resumed; 0 or a past instant: not
+        paused), and the version of that pause, which grows with each change of
+        the job's pause (and never goes back, even for a table made again). A
+        reading is applied only where its version is newer than the one this
+        process has, so that a slow reading cannot undo a newer change. A job
         not listed keeps its declared default."""
 
     async def runs(self, job: str, limit: int) -> list[RunRecord]:

@@ -65,7 +65,15 @@ class App:
 
     def wait_started(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while self.output().count("Application startup complete") < self.workers:
+
+        def started(out: str) -> bool:
+            # A single uvicorn logs where it listens just after the startup: until
+            # then, base_url is not known (a test's thread read it too early).
+            return out.count("Application startup complete") >= self.workers and (
+                "Uvicorn running on" in out
+            )
+
+        while not started(self.output()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"app did not start:\n{self.output()}")
             time.sleep(0.05)

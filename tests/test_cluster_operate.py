@@ -16,8 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from .cluster import ROOT, App, rows, start
+from .conftest import claim1, open_store, release1
 from .postgres import wait_until
 
 # An interval no tick of which comes during a test: with 3600 the tests failed
@@ -204,3 +207,26 @@ def test_the_cli_says_what_went_wrong_with_its_exit_code(tmp_path: Path) -> None
         listing.stdout
     )
     assert listing.stdout.count("  next: ") == 3
+
+
+async def test_the_cli_prunes_the_history_at_its_start(cluster_url: str) -> None:
+    """`fastapi-jobs run` lives for one run, far less than the ten minutes between
+    two prunes of an app instance, and prunes the history at its start as an
+    instance does: the runs past the 30 days kept are gone."""
+    engine = create_async_engine(cluster_url)
+    try:
+        async with open_store(engine) as store:
+            for n in range(1, 4):
+                assert await claim1(store, "old", float(n)) == n
+                await release1(store, "old", n, "ok", None, 0.1)
+        async with engine.begin() as conn:  # 60 days ago
+            await conn.execute(
+                sa.text("UPDATE fastapi_jobs_runs SET finished_at = finished_at - 5184000")
+            )
+        ran = cli(cluster_url, "run", "tests.apps.cluster_app:app", "job0")
+        assert ran.returncode == 0, ran.stderr
+        async with engine.connect() as conn:
+            kept = (await conn.execute(sa.text("SELECT job FROM fastapi_jobs_runs"))).all()
+        assert [job for (job,) in kept] == ["job0"]  # the CLI's own run
+    finally:
+        await engine.dispose()

@@ -43,6 +43,7 @@ def test_exported_members() -> None:
         "SystemClock",
         "TickSkipped",
         "TriggeredRun",
+        "UnconfirmedError",
     }
     public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
     # Public submodules show as attributes once imported (by another test).

@@ -432,6 +432,25 @@ async def test_a_row_the_database_refuses_fails_alone_in_its_batch(database_url:
         assert isinstance(refused["good"], sa.exc.DBAPIError)
 
 
+async def test_a_row_the_database_refuses_alone_in_its_statement_fails_for_its_job(
+    database_url: str,
+) -> None:
+    """A claim or a release of one row that the database refuses (on PostgreSQL: a
+    name longer than the column, a NUL in a text) is that job's failure, as in a
+    batch; the call goes through, so the scheduler does not take it for a store
+    that cannot be reached, nor send the release again before every claim."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite keeps a name of any length and a NUL")
+    async with opened(database_url) as (store, _):
+        too_long = "x" * 300
+        fences = await store.claim([(too_long, 10.0)])
+        assert list(fences) == [too_long] and isinstance(fences[too_long], sa.exc.DBAPIError)
+        assert await claim1(store, "good", 10.0) == 1
+        refused = await store.release([Ended("good", 1, "failed", "Bad\x00Error", 0.1)])
+        assert list(refused) == ["good"] and isinstance(refused["good"], sa.exc.DBAPIError)
+        assert (await store.read()).jobs["good"].running_on == store._owner  # still held
+
+
 @pytest.mark.parametrize("how", ["DROP TABLE", "DELETE FROM"])
 async def test_claims_recover_after_the_table_is_dropped_or_emptied(
     database_url: str, how: str

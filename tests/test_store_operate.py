@@ -4,6 +4,7 @@ and its retention."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sqlite3
 from contextlib import closing
@@ -26,15 +27,15 @@ async def test_a_paused_job_is_not_claimed_until_resumed_and_a_manual_claim_igno
     database_url: str,
 ) -> None:
     async with opened(database_url) as (store, _):
-        await store.pause("digest", None)
-        assert await store.pauses() == {"digest": math.inf}
+        paused = await store.pause("digest", None)
+        assert await store.pauses() == {"digest": (math.inf, paused)}
         assert await claim1(store, "digest", NOW) is None  # the scheduled claim is refused
         assert await claim1(store, "other", NOW) == 1  # other jobs are not
         fence = (await store.claim([("digest", NOW + 1)], manual=True))["digest"]
         assert fence == 1
         await store.release([Ended("digest", 1, "ok", None, 0.5, 1, True)])
-        await store.resume("digest")
-        assert await store.pauses() == {"digest": 0.0}  # resumed: kept, overrides a default
+        resumed = await store.resume("digest")
+        assert await store.pauses() == {"digest": (0.0, resumed)}  # kept: overrides a default
         assert await claim1(store, "digest", NOW + 2) == 2
 
 
@@ -45,8 +46,8 @@ async def test_a_pause_with_an_end_holds_until_then_on_the_databases_clock(
         await store.pause("digest", 1.0)  # ended long ago
         assert await claim1(store, "digest", NOW) == 1
         await store.release([Ended("digest", 1, "ok", None, 0.1)])
-        await store.pause("digest", 4_000_000_000.0)  # the year 2096
-        assert await store.pauses() == {"digest": 4_000_000_000.0}
+        version = await store.pause("digest", 4_000_000_000.0)  # the year 2096
+        assert await store.pauses() == {"digest": (4_000_000_000.0, version)}
         assert await claim1(store, "digest", NOW + 1) is None
 
 
@@ -201,6 +202,77 @@ async def test_the_heartbeat_prunes_the_history(
         assert [r.fence for r in await scheduler.runs("digest")] == [5, 4]
 
 
+async def add_runs(store: SQLAlchemyStore, jobs: list[str], count: int) -> None:
+    """``count`` more runs of each of ``jobs`` in the history, as a peer makes them."""
+    for _ in range(count):
+        ticks = {job: (await store.last_tick(job) or NOW) + 1 for job in jobs}
+        fences = await store.claim(list(ticks.items()))
+        made = {job: fence for job, fence in fences.items() if isinstance(fence, int)}
+        assert list(made) == jobs
+        await store.release([Ended(job, fence, "ok", None, 0.0) for job, fence in made.items()])
+
+
+async def history_sizes(store: SQLAlchemyStore, jobs: list[str]) -> dict[str, int]:
+    return {job: len(runs) for job, runs in (await store.recent_runs(jobs, 1000)).items()}
+
+
+async def test_instances_that_live_a_few_seconds_keep_the_history_to_its_bound(
+    database_url: str,
+) -> None:
+    """Instances restarted long before the ten minutes between two prunes (a
+    deploy, a crash loop) each prune at start: the history stays at `history`
+    runs per job instead of growing with every life."""
+    jobs = ["a", "b"]
+    async with opened(database_url, history=3) as (peer, _):
+        for _life in range(4):
+            await add_runs(peer, jobs, 5)
+            store = SQLAlchemyStore(database_url, history=3, lease=3, timeout=0.5)
+            scheduler = Scheduler(store=store)
+
+            @scheduler.every(days=3650)  # no tick during the test: it would add a run
+            async def digest() -> None: ...
+
+            async with scheduler.running():
+
+                async def pruned() -> bool:
+                    return await history_sizes(peer, jobs) == dict.fromkeys(jobs, 3)
+
+                await poll(pruned)
+
+
+class HeldPrune(SQLAlchemyStore):
+    """A store whose prune waits until the test lets it go on."""
+
+    entered: asyncio.Event
+    go: asyncio.Event
+
+    async def prune(self) -> None:
+        self.entered.set()
+        await self.go.wait()
+        await super().prune()
+
+
+async def test_the_prune_at_start_does_not_hold_the_first_ticks(database_url: str) -> None:
+    """The prune at start runs beside the jobs: while it is held, a job every
+    0.2 s runs and the instance beats."""
+    store = HeldPrune(database_url, history=2, lease=3, timeout=0.5, heartbeat=0.1)
+    store.entered, store.go = asyncio.Event(), asyncio.Event()
+    scheduler = Scheduler(store=store)
+
+    @scheduler.every(seconds=0.2)
+    async def tick() -> None: ...
+
+    async with scheduler.running():
+        await poll(store.entered.is_set)
+        await poll(lambda: scheduler.job_status("tick").runs >= 3)
+
+        async def beaten() -> bool:
+            return [i.id for i in (await store.read()).instances] == [store._owner]
+
+        await poll(beaten)
+        store.go.set()
+
+
 async def test_a_store_from_before_the_history_gets_its_new_tables(database_url: str) -> None:
     """Upgrading: a database with only the claims and instances tables (as the
     previous release made them, with rows) gets the pauses and runs tables on
@@ -215,8 +287,8 @@ async def test_a_store_from_before_the_history_gets_its_new_tables(database_url:
         assert await claim1(store, "digest", NOW + 1) == 2
         await store.release([Ended("digest", 2, "ok", None, 0.1)])
         assert [r.fence for r in await store.runs("digest", 5)] == [2]
-        await store.pause("digest", None)
-        assert await store.pauses() == {"digest": math.inf}
+        version = await store.pause("digest", None)
+        assert await store.pauses() == {"digest": (math.inf, version)}
 
 
 async def test_a_database_error_reaches_the_answer_without_its_sql(tmp_path: Path) -> None:

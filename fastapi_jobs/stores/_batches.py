@@ -1,6 +1,7 @@
 """Batching: the rows of one kind (claims, releases) that the scheduler sends
 together share one statement, compiled once; a row the database refuses fails
-alone."""
+alone, and an error of the statement (a table missing, a deadlock, the
+connection) fails the whole call."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["MAX_ROWS", "Compiled", "each_row_alone_on_error"]
+__all__ = ["MAX_ROWS", "Compiled", "each_row_alone_on_error", "row_error"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
@@ -53,27 +54,51 @@ class Compiled:
         return compiled.string, None if names is None else tuple(names)
 
 
+# The SQLSTATE classes that a single row's values can cause: 22 data exception
+# (a value the column refuses), 23 integrity constraint violation. Any other
+# class is the statement's or the database's (42P01 undefined table, 40
+# deadlock or serialization, 57 operator intervention, 08 connection, 53
+# resources): every row would fail alike, and the caller must see it whole.
+_ROW_CLASSES = ("22", "23")
+
+
+def row_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a batch statement, may be the fault of one of
+    its rows rather than of the statement, the database or the connection."""
+    if not isinstance(exc, sa.exc.DBAPIError) or exc.connection_invalidated:
+        return False
+    # asyncpg (through SQLAlchemy's adapter) and psycopg both name it `sqlstate`.
+    state = getattr(exc.orig, "sqlstate", None)
+    if isinstance(state, str) and len(state) == 5:
+        return state[:2] in _ROW_CLASSES
+    # SQLite has no SQLSTATE; a missing table or a lock is its OperationalError.
+    return isinstance(exc, (sa.exc.IntegrityError, sa.exc.DataError))
+
+
 async def each_row_alone_on_error(
     send: Callable[[list[tuple[str, Any]]], Awaitable[None]],
     rows: list[tuple[str, Any]],
     errors: dict[str, int | Exception],
 ) -> None:
-    """``send(rows)``; if that fails for a reason one row may carry (a value the
-    column refuses, say), send each row alone, so that only the rows at fault
-    fail (their errors go into ``errors``, by job) and the others go through."""
+    """``send(rows)``; if that fails for a reason one row may carry (see
+    :func:`row_error`), send each row alone, so that only the rows at fault fail
+    (their errors go into ``errors``, by job) and the others go through. Any
+    other error is raised: the statement failed as a whole (and its caller
+    keeps the rows, to send them again)."""
     try:
         await send(rows)
         return
-    except (sa.exc.OperationalError, sa.exc.InterfaceError):
-        raise  # the database or the connection: every row would fail alike
-    except sa.exc.StatementError as exc:
-        if len(rows) == 1 or getattr(exc, "connection_invalidated", False):
+    except sa.exc.DBAPIError as exc:
+        if not row_error(exc):
             raise
+        if len(rows) == 1:
+            errors[rows[0][0]] = exc
+            return
         logger.warning("a batch of %d rows failed (%r); sending each row alone", len(rows), exc)
     for row in rows:
         try:
             await send([row])
-        except (sa.exc.OperationalError, sa.exc.InterfaceError):
-            raise
-        except sa.exc.StatementError as exc:
+        except sa.exc.DBAPIError as exc:
+            if not row_error(exc):
+                raise
             errors[row[0]] = exc

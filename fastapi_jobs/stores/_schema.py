@@ -4,7 +4,9 @@
   ``fence`` grows by one per claim; ``lease_until`` is NULL once released.
 - ``<prefix>instances``: one row per live app process, for the status page.
 - ``<prefix>pauses``: an operator's pause or resume of a job, for every instance
-  and across restarts (no row: the job's declared default).
+  and across restarts (no row: the job's declared default); ``version`` orders
+  its changes, so that a reading never undoes a newer one (see
+  :func:`pause_statement`).
 - ``<prefix>runs``: the run history, one row per released claim, written by the
   release's own statement and pruned in the background.
 
@@ -38,6 +40,7 @@ __all__ = [
     "db_received",
     "ddl",
     "insert_for",
+    "pause_statement",
     "prune_statements",
     "release_statement",
     "released_runs_statement",
@@ -135,6 +138,8 @@ def tables(prefix: str) -> Tables:
         sa.Column("until", sa.Double, nullable=True),  # NULL: until resumed
         sa.Column("changed_at", sa.Double, nullable=False),
         sa.Column("changed_by", sa.String(200), nullable=False),
+        # Tables made by a release before versions get the column with 0.
+        sa.Column("version", sa.BigInteger, nullable=False, server_default=sa.text("0")),
     )
     runs = sa.Table(
         f"{prefix}runs",
@@ -196,6 +201,47 @@ def single_statements(claims: sa.Table, instances: sa.Table, insert: Insert) -> 
         index_elements=[i.c.id], set_={"seen_at": seen.excluded.seen_at}
     ).returning(i.c.seen_at)
     return {"renew": renew, "beat": beat}
+
+
+def pause_statement(pauses: sa.Table, insert: Insert) -> Any:
+    """The change of one job's pause (``b_job``, ``b_paused``, ``b_until``,
+    ``b_by``), made only before ``b_before`` on the database's clock, returning
+    the row's new version (no row back: too late, nothing changed).
+
+    The deadline is checked when the statement has its locks (a table locked,
+    the job's row held by another change), so a change whose caller was told
+    it came too late is never made afterwards. The version grows by one with
+    each change of the row and is never below the database's clock in
+    microseconds, so it also grows across the table dropped and made again
+    (whose rows would start over at 1 and look older than the ones before)."""
+    p, now = pauses, db_now()
+    in_time = now < sa.bindparam("b_before", type_=sa.Double)
+    clock = sa.cast(now * sa.literal_column("1000000"), sa.BigInteger)
+    change = sa.select(
+        sa.bindparam("b_job", type_=sa.String),
+        sa.bindparam("b_paused", type_=sa.Boolean),
+        sa.bindparam("b_until", type_=sa.Double),
+        now,
+        sa.bindparam("b_by", type_=sa.String),
+        clock,
+    ).where(in_time)
+    new = insert(p).from_select(
+        ["job", "paused", "until", "changed_at", "changed_by", "version"], change
+    )
+    return new.on_conflict_do_update(
+        index_elements=[p.c.job],
+        set_={
+            "paused": new.excluded.paused,
+            "until": new.excluded.until,
+            "changed_at": new.excluded.changed_at,
+            "changed_by": new.excluded.changed_by,
+            "version": sa.case(
+                (p.c.version < new.excluded.version, new.excluded.version),
+                else_=p.c.version + sa.literal_column("1", sa.BigInteger),
+            ),
+        },
+        where=in_time,  # again once the row is locked: a wait for it counts
+    ).returning(p.c.version)
 
 
 def _rows(name: str, columns: dict[str, Any], dialect: str) -> Any:

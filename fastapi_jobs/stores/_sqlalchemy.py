@@ -15,13 +15,15 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.schema import CreateColumn
 
 from .._checks import seconds
 from .._context import JobContext
@@ -71,6 +73,24 @@ def _chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
     opposite orders (no deadlock)."""
     ordered = sorted(rows, key=lambda row: row[0])
     return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
+
+
+@asynccontextmanager
+async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction on a connection of the store's AUTOCOMMIT engine (SQLite's
+    syntax). IMMEDIATE takes the file's write lock at the start, within the busy
+    timeout, so no statement inside fails halfway for a lock."""
+    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        yield
+        await conn.exec_driver_sql("COMMIT")
+    except BaseException:
+        if not conn.invalidated:  # else SQLAlchemy closes it, which rolls back
+            try:
+                await conn.exec_driver_sql("ROLLBACK")
+            except Exception:  # noqa: BLE001 - its transaction must not go back to the pool
+                await conn.invalidate()
+        raise
 
 
 def _paused_until(paused: bool, until: float | None) -> float:
@@ -239,6 +259,7 @@ class SQLAlchemyStore:
         self._dialect = dialect
         self._compiled = Compiled(self._batch_statement)
         self._statements = _schema.single_statements(self.claims, self.instances, self._insert)
+        self._statements["pause"] = _schema.pause_statement(self.pauses_table, self._insert)
         self._ensure_lock = asyncio.Lock()  # bound to this loop
         if self._create_tables:
             # Start on the tables now, so that the first tick does not wait for DDL;
@@ -346,7 +367,16 @@ class SQLAlchemyStore:
             }
             params["b_rows"] = _json(rows)
             asked.update(rows)
-            result = await self._compiled.execute(conn, kind, params)
+            try:
+                result = await self._compiled.execute(conn, kind, params)
+            except sa.exc.DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    # The database answered with an error: the statement made no
+                    # claim, so there is none to look up and free (it would find
+                    # a claim of the same tick made since, and end it).
+                    for job, _ in rows:
+                        asked.pop(job, None)
+                raise
             returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
             fences.update((job, int(fence)) for job, fence in returned)
             for job, _ in rows:
@@ -381,8 +411,14 @@ class SQLAlchemyStore:
         async def release_rows(rows: list[tuple[str, Any]]) -> None:
             params: dict[str, object] = {"b_rows": _json([(job, *ended) for job, ended in rows])}
             if self.history and self._dialect == "sqlite":
-                await self._compiled.execute(conn, "released_runs", params)
-            await self._compiled.execute(conn, "release", params)
+                # Two statements, one transaction: a history row written by a
+                # release whose update then failed would be written again when
+                # the release is sent again.
+                async with _transaction(conn):
+                    await self._compiled.execute(conn, "released_runs", params)
+                    await self._compiled.execute(conn, "release", params)
+            else:
+                await self._compiled.execute(conn, "release", params)
 
         for chunk in chunks:
             await each_row_alone_on_error(release_rows, chunk, failed)
@@ -420,7 +456,8 @@ class SQLAlchemyStore:
 
         now, rows, live, pauses, successes = await self._run(query)
         return ClusterView(
-            pauses=pauses,
+            pauses={job: until for job, (until, _) in pauses.items()},
+            pause_versions={job: version for job, (_, version) in pauses.items()},
             read_at=float(now),
             jobs={
                 row["job"]: ClusterJobStatus(
@@ -471,35 +508,74 @@ class SQLAlchemyStore:
 
     # -- operators: pauses and history -------------------------------------
 
-    async def pause(self, job: str, until: float | None) -> None:
-        await self._set_pause(job, paused=True, until=until)
+    async def pause(self, job: str, until: float | None) -> int:
+        return await self._set_pause(job, paused=True, until=until)
 
-    async def resume(self, job: str) -> None:
-        await self._set_pause(job, paused=False, until=None)
+    async def resume(self, job: str) -> int:
+        return await self._set_pause(job, paused=False, until=None)
 
-    async def _set_pause(self, job: str, *, paused: bool, until: float | None) -> None:
-        p = self.pauses_table
-        row = self._insert(p).values(
-            job=job, paused=paused, until=until, changed_at=db_now(), changed_by=self._owner
-        )
-        upsert = row.on_conflict_do_update(
-            index_elements=[p.c.job],
-            set_={
-                "paused": row.excluded.paused,
-                "until": row.excluded.until,
-                "changed_at": row.excluded.changed_at,
-                "changed_by": row.excluded.changed_by,
-            },
-        )
-        await self._run(lambda conn: conn.execute(upsert))
+    async def _set_pause(self, job: str, *, paused: bool, until: float | None) -> int:
+        """The change, made within ``timeout`` of this call or not at all, and
+        answered within twice that: its version, or :class:`StoreError` when it
+        was not made, or another error when that cannot be told (the answer was
+        lost after the statement went out)."""
+        asked = asyncio.get_running_loop().time()
+        change = {"b_job": job, "b_paused": paused, "b_until": until, "b_by": self._owner}
+        return await asyncio.shield(self._spawn(self._change_pause(change, asked)))
 
-    async def pauses(self) -> dict[str, float]:
+    async def _change_pause(self, change: dict[str, object], asked: float) -> int:
+        assert self._engine is not None
+        loop = asyncio.get_running_loop()
+        made_by = asked + self.timeout
+        sent = False
+        try:
+            async with asyncio.timeout_at(asked + 2 * self.timeout):
+                if not self._ready:
+                    # The tables' check keeps its own deadline: it goes on if the
+                    # change cannot wait for it.
+                    async with asyncio.timeout_at(made_by):
+                        await asyncio.shield(self._spawn(self._ensure_ready()))
+                async with self._engine.connect() as conn:
+                    # `made_by` on the database's clock, from a statement that waits
+                    # for no lock (read before now: the deadline comes out no
+                    # later). Not statement_timestamp(): behind a table lock,
+                    # asyncpg's statements are stamped when they get to run.
+                    db_time = (await conn.execute(sa.select(db_now()))).scalar_one()
+                    left = made_by - loop.time()
+                    if left <= 0:
+                        raise TimeoutError
+                    sent = True
+                    version = await conn.scalar(
+                        self._statements["pause"], {**change, "b_before": db_time + left}
+                    )
+        except Exception as exc:
+            answered = isinstance(exc, sa.exc.DBAPIError) and not exc.connection_invalidated
+            if isinstance(exc, sa.exc.DBAPIError):
+                self._ready = False  # never cache "the tables exist"
+            if sent and not answered:
+                raise  # made, unless it was not: nobody can tell
+            if isinstance(exc, TimeoutError):
+                raise StoreError(
+                    f"the store could not reach the database within its timeout ({self.timeout:g}s)"
+                ) from exc
+            raise StoreError(f"the store could not make it ({ErrorInfo.of(exc)})") from exc
+        if version is None:
+            raise StoreError(
+                "it reached the database later than the store's timeout allows "
+                f"({self.timeout:g}s; a lock on {self.pauses_table.name}?)"
+            )
+        return int(version)
+
+    async def pauses(self) -> dict[str, tuple[float, int]]:
         return await self._run(self._read_pauses)
 
-    async def _read_pauses(self, conn: AsyncConnection) -> dict[str, float]:
+    async def _read_pauses(self, conn: AsyncConnection) -> dict[str, tuple[float, int]]:
         p = self.pauses_table
-        rows = await conn.execute(sa.select(p.c.job, p.c.paused, p.c.until))
-        return {job: _paused_until(paused, until) for job, paused, until in rows.all()}
+        rows = await conn.execute(sa.select(p.c.job, p.c.paused, p.c.until, p.c.version))
+        return {
+            job: (_paused_until(paused, until), int(version))
+            for job, paused, until, version in rows.all()
+        }
 
     async def runs(self, job: str, limit: int) -> list[RunRecord]:
         r = self.runs_table
@@ -648,6 +724,8 @@ class SQLAlchemyStore:
             return [n for n in names if not inspector.has_table(n)]
 
         missing = await conn.run_sync(check)
+        if self.pauses_table.name not in missing:
+            await self._ensure_pause_versions(conn)
         if not missing:
             return
         if not self._create_tables:
@@ -668,3 +746,30 @@ class SQLAlchemyStore:
                     raise
                 await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
         logger.info("created table(s) %s", ", ".join(missing))
+
+    async def _ensure_pause_versions(self, conn: AsyncConnection) -> None:
+        """A pauses table made by a release before versions gets the column (0 in
+        the rows there: the next change of each goes above it)."""
+        p = self.pauses_table
+
+        def lacks_it(sync_conn: sa.Connection) -> bool:
+            columns = sa.inspect(sync_conn).get_columns(p.name)
+            return "version" not in {column["name"] for column in columns}
+
+        if not await conn.run_sync(lacks_it):
+            return
+        table = conn.dialect.identifier_preparer.format_table(p)
+        column = CreateColumn(p.c.version).compile(dialect=conn.dialect)
+        alter = f"ALTER TABLE {table} ADD COLUMN {column}"
+        if not self._create_tables:
+            raise StoreError(
+                f"table {p.name} has no column version (an earlier release made it): "
+                f"add it with {alter}, or pass create_tables=True"
+            )
+        try:
+            await conn.exec_driver_sql(alter)
+        except sa.exc.DatabaseError:
+            if await conn.run_sync(lacks_it):
+                raise
+            return  # another instance added it at the same moment
+        logger.info("added the column version to table %s", p.name)
