@@ -39,7 +39,6 @@ __all__ = ["CUT_BEFORE_TICK", "HISTORY", "JobRunner", "Manual", "Ran", "RunResul
 
 _US = 1_000_000
 _new = tuple.__new__
-_NOT_STARTED = "the scheduler stopped before the run started"
 HISTORY = 50
 """Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
 CUT_BEFORE_TICK = 0.01
@@ -328,7 +327,7 @@ class JobRunner:
         if fence is not None:
             self.fence = None
             assert self._claims is not None
-            self._claims.release_soon(Ended(self.job.name, fence, "cancelled", _NOT_STARTED, 0.0))
+            self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
         if cancel and self.stopping and self._cancel is not None:
             self._cancel()
 

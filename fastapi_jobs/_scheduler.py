@@ -591,8 +591,7 @@ class Scheduler:
             if got is None:
                 raise await self._held_elsewhere(name, tick)
             if runner.busy or runner.stopping:  # the app began to stop while we claimed
-                stopped = "not run: the app is stopping"
-                claims.release_soon(Ended(name, got, "cancelled", stopped, 0.0, 1, True))
+                claims.release_soon(Ended(name, got, None, None, 0.0, 0, True))  # never ran
                 raise NotRunningError(f"cannot trigger {name!r}: the app is stopping")
             fence = runner.fence = got
             runner.claimed_at = claimed_at

@@ -37,7 +37,10 @@ class Ended(NamedTuple):
 
     job: str
     fence: int
-    outcome: Outcome
+    outcome: Outcome | None
+    """How the run ended; None: its run never started (the app stopped first, or
+    the claim came back after its caller gave up). Such a claim is only freed:
+    no run is recorded, and the job's last run stays what it was."""
     error: str | None
     """The error as the status page shows it (``ErrorInfo``), or None."""
     duration: float

@@ -778,7 +778,7 @@ async def test_status_shows_the_last_run_across_instances_and_the_instances(
             await anyio.sleep(0.3)
             done: dict[str, Any] = {}
 
-            async def between_runs() -> bool:  # a run in flight has no outcome yet
+            async def between_runs() -> bool:  # once a run has ended (and been released)
                 done.update((await client.get("/jobs/report")).json())
                 return done["cluster"]["last_outcome"] is not None
 

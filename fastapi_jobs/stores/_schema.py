@@ -1,7 +1,9 @@
-"""The store's two tables, and the SQL that works on them.
+"""The store's four tables, and the SQL that works on them.
 
 - ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
-  ``fence`` grows by one per claim; ``lease_until`` is NULL once released.
+  ``fence`` grows by one per claim; ``lease_until`` is NULL once released;
+  ``finished_at``, ``outcome``, ``error``, ``duration`` are the last run's that
+  ended (kept while the next one goes).
 - ``<prefix>instances``: one row per live app process, for the status page.
 - ``<prefix>pauses``: an operator's pause or resume of a job, for every instance
   and across restarts (no row: the job's declared default); ``version`` orders
@@ -86,7 +88,12 @@ class db_received(FunctionElement[float]):
 
 @compiles(db_received, "postgresql")
 def _pg_received(element: db_received, compiler: Any, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+    # The store's statements each run in a transaction of their own (autocommit),
+    # whose start is stamped when the statement arrives. statement_timestamp() is
+    # not that time on asyncpg (the extended protocol stamps it at Execute, after
+    # a table lock was waited for at Parse), so a claim held 1 s behind LOCK TABLE
+    # looked 11 µs old.
+    return "CAST(EXTRACT(EPOCH FROM transaction_timestamp()) AS DOUBLE PRECISION)"
 
 
 @compiles(db_received, "sqlite")
@@ -314,7 +321,9 @@ def claim_statement(
     # A tick must be newer than the last one claimed (so a tick never runs
     # twice), and the previous lease must be free (so runs never overlap
     # across instances). Rows that fail return nothing. (A job's very first
-    # claim inserts its row.)
+    # claim inserts its row.) The last run's end (finished_at, outcome, error,
+    # duration) stays until this run's release: while a run goes, the status
+    # shows the run before it, not nothing.
     statement = new.on_conflict_do_update(
         index_elements=[c.c.job],
         set_={
@@ -323,10 +332,6 @@ def claim_statement(
             "owner": new.excluded.owner,
             "lease_until": new.excluded.lease_until,
             "started_at": new.excluded.started_at,
-            "finished_at": sa.null(),
-            "duration": sa.null(),
-            "outcome": sa.null(),
-            "error": sa.null(),
         },
         where=sa.and_(
             c.c.last_tick < new.excluded.last_tick,
@@ -348,9 +353,9 @@ _ENDED = {
 """The columns of a release's rows (``fastapi_jobs.Ended``)."""
 
 
-def _history(runs: sa.Table, source: Any, owner: Any) -> Any:
+def _history(runs: sa.Table, source: Any, owner: Any, *where: Any) -> Any:
     """The history rows of released claims, from ``source`` (which has the
-    claim's columns and the release's)."""
+    claim's columns and the release's), those that match ``where``."""
     return sa.insert(runs).from_select(
         [
             "job",
@@ -377,7 +382,7 @@ def _history(runs: sa.Table, source: Any, owner: Any) -> Any:
             source.c.outcome,
             source.c.error,
             owner,
-        ),
+        ).where(*where),
     )
 
 
@@ -387,17 +392,24 @@ def release_statement(claims: sa.Table, runs: sa.Table | None, dialect: str) -> 
     the history rows (on SQLite, :func:`released_runs_statement` does, first)."""
     c = claims
     v = _rows("ended", _ENDED, dialect)
+    ran = v.c.outcome.is_not(None)
+
+    def if_ran(value: Any, kept: Any) -> Any:
+        # A claim whose run never started (outcome NULL) is only freed: the
+        # job's last run stays what it was.
+        return sa.case((ran, value), else_=kept)
+
     # Only the claim `fence` is released, once: not a newer claim of the job,
     # and a release sent again (its first reply lost) adds no history row.
     statement = (
         sa.update(c)
-        .where(c.c.job == v.c.job, c.c.fence == v.c.fence, c.c.finished_at.is_(None))
+        .where(c.c.job == v.c.job, c.c.fence == v.c.fence, c.c.lease_until.is_not(None))
         .values(
             lease_until=sa.null(),
-            finished_at=db_now(),
-            outcome=v.c.outcome,
-            error=v.c.error,
-            duration=v.c.duration,
+            finished_at=if_ran(db_now(), c.c.finished_at),
+            outcome=if_ran(v.c.outcome, c.c.outcome),
+            error=if_ran(v.c.error, c.c.error),
+            duration=if_ran(v.c.duration, c.c.duration),
         )
     )
     if runs is None or dialect != "postgresql":
@@ -415,7 +427,7 @@ def release_statement(claims: sa.Table, runs: sa.Table | None, dialect: str) -> 
         v.c.attempts,
         v.c.manual,
     ).cte("released")
-    return _history(runs, released, released.c.owner)
+    return _history(runs, released, released.c.owner, released.c.outcome.is_not(None))
 
 
 def released_runs_statement(claims: sa.Table, runs: sa.Table, dialect: str) -> Any:
@@ -440,7 +452,7 @@ def released_runs_statement(claims: sa.Table, runs: sa.Table, dialect: str) -> A
             v.c.manual,
         )
         .join_from(v, c, sa.and_(c.c.job == v.c.job, c.c.fence == v.c.fence))
-        .where(c.c.finished_at.is_(None))
+        .where(c.c.lease_until.is_not(None), v.c.outcome.is_not(None))
         .subquery("released")
     )
     return _history(runs, source, source.c.owner)

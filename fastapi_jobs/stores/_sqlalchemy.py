@@ -334,7 +334,6 @@ class SQLAlchemyStore:
             self._spawn(self._free_claims(made, unanswered))
 
     async def _free_claims(self, made: list[tuple[str, int]], unanswered: dict[str, float]) -> None:
-        error = "StoreError: the claim came back after its deadline; the tick did not run"
         try:
             if unanswered:
                 # Which of them were made: a claim of this tick by this instance
@@ -345,7 +344,8 @@ class SQLAlchemyStore:
                 )
                 rows = await self._run(lambda conn: conn.execute(query))
                 made += [(job, fence) for job, fence, tick in rows if unanswered.get(job) == tick]
-            await self.release([Ended(job, fence, "cancelled", error, 0.0) for job, fence in made])
+            # Never ran: freed, with no run recorded (the job's last run stays).
+            await self.release([Ended(job, fence, None, None, 0.0, 0) for job, fence in made])
         except Exception as exc:  # noqa: BLE001 - the claims free when their leases end
             logger.debug("could not free the claims of an abandoned claim: %r", exc)
 
