@@ -5,6 +5,7 @@ several instances sharing one real database. Real time, short intervals
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
@@ -104,6 +105,7 @@ async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str
     leases (one keeper task per instance); no peer runs a job meanwhile. (The lease
     must outlive pauses of this process, which hold up its renewals too.)"""
     runs: dict[str, list[tuple[str, int | None]]] = {f"long{k}": [] for k in range(3)}
+    spans: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     async with engine_for(database_url) as engine, AsyncExitStack() as stack:
         for who in ("i0", "i1"):
             scheduler = instance(engine, lease=1.0, timeout=0.33, heartbeat=1)
@@ -111,15 +113,23 @@ async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str
 
                 async def long(ctx: JobContext, who: str = who) -> None:
                     runs[ctx.name].append((who, ctx.fence))
-                    await anyio.sleep(2.5)
+                    started = time.monotonic()
+                    try:
+                        await anyio.sleep(2.5)
+                    finally:
+                        spans[ctx.name].append((started, time.monotonic()))
 
                 scheduler.add_job(long, Every(seconds=0.1), name=name)
             await stack.enter_async_context(scheduler.running({"db": engine}))
         await anyio.sleep(2.0)  # two leases long
         assert all(len(job_runs) == 1 for job_runs in runs.values())  # first runs hold on
         await poll(lambda: all(len(job_runs) >= 2 for job_runs in runs.values()))
-    for job_runs in runs.values():
-        assert [fence for _, fence in job_runs] == [1, 2]
+    # The instances stop one after the other, so one may start a third run while
+    # the other drains: each run claimed once, and never two at once.
+    for name, job_runs in runs.items():
+        assert [fence for _, fence in job_runs] == list(range(1, len(job_runs) + 1))
+        ordered = sorted(spans[name])
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
 
 
 async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
@@ -431,7 +441,7 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
             progress.append("end")
 
         async with scheduler.running({"db": engine}):
-            await anyio.sleep(0.1)
+            await poll(lambda: progress == ["start"])  # mid-run
             await anyio.to_thread.run_sync(postgres.stop)
             await anyio.sleep(1.0)  # longer than the lease
             status = scheduler.job_status("long")
