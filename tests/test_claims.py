@@ -125,9 +125,12 @@ async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str
         assert all(len(job_runs) == 1 for job_runs in runs.values())  # first runs hold on
         await poll(lambda: all(len(job_runs) >= 2 for job_runs in runs.values()))
     # The instances stop one after the other, so one may start a third run while
-    # the other drains: each run claimed once, and never two at once.
+    # the other drains; and a claim whose answer came after the store's timeout is
+    # released unrun (a gap in the fences). Each run has a newer claim than the
+    # last, and two runs of a job never overlap.
     for name, job_runs in runs.items():
-        assert [fence for _, fence in job_runs] == list(range(1, len(job_runs) + 1))
+        fences = [fence or 0 for _, fence in job_runs]
+        assert fences == sorted(set(fences)), fences
         ordered = sorted(spans[name])
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
 
@@ -426,7 +429,11 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
     progress: list[str] = []
     lost: list[LeaseLost] = []
     async with engine_for(url) as engine:
-        scheduler = instance(engine, lease=0.6, timeout=0.15)
+        # The tables made and a connection open beforehand: the startup run's claim,
+        # within its 0.3 s timeout, is then one statement, not a connection as well.
+        async with open_store(engine):
+            pass
+        scheduler = instance(engine, lease=1.2, timeout=0.3)
 
         class Observing:
             def lease_lost(self, event: LeaseLost) -> None:
@@ -443,7 +450,7 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
         async with scheduler.running({"db": engine}):
             await poll(lambda: progress == ["start"])  # mid-run
             await anyio.to_thread.run_sync(postgres.stop)
-            await anyio.sleep(1.0)  # longer than the lease
+            await anyio.sleep(2.0)  # longer than the lease
             status = scheduler.job_status("long")
             await anyio.to_thread.run_sync(postgres.start)
     assert progress == ["start"]
