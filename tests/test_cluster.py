@@ -39,7 +39,9 @@ def runs(url: str) -> list[Run]:
 
 def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run]:
     """No (job, tick) ran twice; and unless the database dropped answers
-    (``lost_answers``: a claim made whose reply never arrived), every claim ran."""
+    (``lost_answers``: a claim made whose reply never arrived), every claim ran,
+    but for a tick claimed as its instance stopped, before its run began: that one
+    is released unrun, and the store's history says so."""
     all_runs = runs(url)
     per_tick = Counter((job, tick) for job, tick, *_ in all_runs)
     twice = {key: n for key, n in per_tick.items() if n > 1}
@@ -48,7 +50,17 @@ def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run
         return all_runs
     for job in {r[0] for r in all_runs}:
         fences = sorted(r[2] for r in all_runs if r[0] == job)
-        assert fences == list(range(fences[0], fences[0] + len(fences))), "a claim without a run"
+        unstarted = {
+            fence
+            for (fence,) in rows(
+                url,
+                "SELECT fence FROM fastapi_jobs_runs WHERE job = :job AND outcome = 'cancelled' "
+                "AND error = 'the scheduler stopped before the run started'",
+                job=job,
+            )
+        }
+        claimed = [f for f in range(fences[0], fences[-1] + 1) if f not in unstarted]
+        assert fences == claimed, "a claim without a run"
     return all_runs
 
 
@@ -81,6 +93,9 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
     for app in apps:
         app.wait_started()
     time.sleep(4)
+    # The work is shared, though on a loaded machine one instance may win every
+    # claim for a while: another runs some within a few more seconds.
+    wait_until(lambda: len({r[3] for r in runs(cluster_url)}) >= 2, timeout=20)
     for app in apps:
         app.terminate()
     all_runs = assert_one_run_per_tick(cluster_url)
@@ -88,7 +103,6 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
         ticks = [tick for j, tick, *_ in all_runs if j == job]
         assert len(ticks) >= 8
         assert_none_left_out(cluster_url, job, ticks, 0.5)
-    assert len({r[3] for r in all_runs}) >= 2  # the work was shared
 
 
 @pytest.mark.parametrize(
