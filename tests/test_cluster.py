@@ -13,6 +13,7 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
@@ -64,7 +65,9 @@ def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run
     return all_runs
 
 
-def assert_none_left_out(url: str, job: str, ticks: list[float], interval: float) -> None:
+def assert_none_left_out(
+    url: str, job: str, ticks: list[float], interval: float, apps: Sequence[App] = ()
+) -> None:
     """Every tick of ``job`` between the first and the last of ``ticks`` (the ticks
     run) ran, or came due while the run before it still held the job's claim:
     dropped, not queued. (A run can outlast its interval on a loaded machine,
@@ -78,8 +81,19 @@ def assert_none_left_out(url: str, job: str, ticks: list[float], interval: float
         left_out = [ran + k * interval for k in range(1, round((next_ran - ran) / interval))]
         held = [tick for tick in left_out if tick <= released.get(ran, -1.0) + 0.02]
         assert left_out == held, (
-            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}"
+            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}; "
+            f"the instances warned:\n{warnings(apps)}"
         )
+
+
+def warnings(apps: Sequence[App]) -> str:
+    """What the instances logged at WARNING and above, for a failure to show."""
+    return "\n".join(
+        f"{app.pid}: {line}"
+        for app in apps
+        for line in app.output().splitlines()
+        if line.startswith(("WARNING", "ERROR"))
+    )
 
 
 def test_many_jobs_across_three_processes_run_each_tick_once(
@@ -102,7 +116,7 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
     for job in (f"job{n}" for n in range(5)):
         ticks = [tick for j, tick, *_ in all_runs if j == job]
         assert len(ticks) >= 8
-        assert_none_left_out(cluster_url, job, ticks, 0.5)
+        assert_none_left_out(cluster_url, job, ticks, 0.5, apps)
 
 
 @pytest.mark.parametrize(
@@ -266,7 +280,7 @@ def test_skewed_clocks_do_not_change_outcomes(cluster_url: str, apps: list[App])
     for job in ("job0", "job1"):
         ticks = sorted(r[1] for r in all_runs if r[0] == job)
         assert len(ticks) >= 12
-        assert_none_left_out(cluster_url, job, ticks, 0.25)
+        assert_none_left_out(cluster_url, job, ticks, 0.25, apps)
         late = [r[5] - r[1] for r in all_runs if r[0] == job and r[5] < r[1] - 0.1]
         assert not late, f"{job}: ran before its tick: {late}"
 
