@@ -135,6 +135,32 @@ def backoff(base: float, attempt: int) -> float:
     return random.uniform(delay / 2, delay)
 
 
+class _ThreadGate:
+    """Decides, once, between a sync run's thread starting and its caller giving
+    up on it first: anyio drops a call cut while it waits for a worker, and the
+    two sides must agree on whether it ran."""
+
+    __slots__ = ("_lock", "_state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = 0  # 1: started, -1: abandoned
+
+    def enter(self) -> bool:
+        """In the thread: start, unless abandoned already."""
+        with self._lock:
+            if self._state == 0:
+                self._state = 1
+            return self._state == 1
+
+    def abandon(self) -> bool:
+        """In the caller: give up, unless the thread started already."""
+        with self._lock:
+            if self._state == 0:
+                self._state = -1
+            return self._state == -1
+
+
 class JobRunner:
     """Runs one job: when the dispatcher wakes it (:meth:`serve`), or now (:meth:`run`).
 
@@ -327,6 +353,15 @@ class JobRunner:
         if fence is not None:
             self.fence = None
             assert self._claims is not None
+            # Never ran, so no run is recorded: this line is the claim's only trace.
+            self.logger.info(
+                "job %r: tick %s (fence %d) was claimed as the app stopped; released "
+                "without running",
+                self.job.name,
+                datetime.fromtimestamp(self.due, UTC).isoformat(),
+                fence,
+                extra={"job": self.job.name},
+            )
             self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
         if cancel and self.stopping and self._cancel is not None:
             self._cancel()
@@ -735,8 +770,11 @@ class JobRunner:
         """
         job, done = self.job, threading.Event()
         self.thread_done = done
+        gate = _ThreadGate()
 
         def call() -> None:
+            if not gate.enter():
+                return  # given up on before a worker thread took it
             try:
                 result = job.func(*args)
                 if inspect.isawaitable(result):
@@ -750,14 +788,27 @@ class JobRunner:
             finally:
                 done.set()
 
-        if job.timeout is None:
-            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-            return None
-        with anyio.move_on_after(job.timeout):
-            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        try:
+            if job.timeout is None:
+                await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                return None
+            with anyio.move_on_after(job.timeout):
+                await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except BaseException:
+            # Cut while it waited for a worker thread (all of them busy): it will
+            # never run, and must not leave the job "running" for good.
+            if gate.abandon():
+                done.set()
+            raise
         if done.is_set():
             # Ended in time, or just after the deadline: the result counts.
             return None
+        if gate.abandon():
+            done.set()
+            return TimeoutError(
+                f"the run passed its timeout of {job.timeout:g}s waiting for a worker "
+                "thread (every one busy); it did not start"
+            )
         self.logger.error(
             "job %r passed its timeout of %gs; its thread cannot be stopped and the "
             "job counts as running until it returns",

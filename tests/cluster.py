@@ -63,17 +63,18 @@ class App:
         assert found, self.output()
         return found.group(1)
 
+    def ready(self) -> bool:
+        """Every worker started and the port bound. uvicorn logs startup complete
+        before it binds and says where it listens; ``base_url`` needs the latter."""
+        output = self.output()
+        return (
+            output.count("Application startup complete") >= self.workers
+            and "Uvicorn running on" in output
+        )
+
     def wait_started(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-
-        def started(out: str) -> bool:
-            # A single uvicorn logs where it listens just after the startup: until
-            # then, base_url is not known (a test's thread read it too early).
-            return out.count("Application startup complete") >= self.workers and (
-                "Uvicorn running on" in out
-            )
-
-        while not started(self.output()):
+        while not self.ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"app did not start:\n{self.output()}")
             time.sleep(0.05)

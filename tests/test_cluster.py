@@ -13,6 +13,7 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
@@ -37,9 +38,13 @@ def runs(url: str) -> list[Run]:
     return rows(url, "SELECT job, tick, fence, instance, pid, started, finished FROM runs")
 
 
-def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run]:
+def assert_one_run_per_tick(
+    url: str, apps: Sequence[App] = (), *, lost_answers: bool = False
+) -> list[Run]:
     """No (job, tick) ran twice; and unless the database dropped answers
-    (``lost_answers``: a claim made whose reply never arrived), every claim ran."""
+    (``lost_answers``: a claim made whose reply never arrived), every claim ran,
+    but for a tick claimed as its instance stopped, before its run began: that one
+    is released unrun (no run, so no history row), and its instance's log says so."""
     all_runs = runs(url)
     per_tick = Counter((job, tick) for job, tick, *_ in all_runs)
     twice = {key: n for key, n in per_tick.items() if n > 1}
@@ -48,11 +53,16 @@ def assert_one_run_per_tick(url: str, *, lost_answers: bool = False) -> list[Run
         return all_runs
     for job in {r[0] for r in all_runs}:
         fences = sorted(r[2] for r in all_runs if r[0] == job)
-        assert fences == list(range(fences[0], fences[0] + len(fences))), "a claim without a run"
+        said = re.compile(rf"job '{job}': tick \S+ \(fence (\d+)\) was claimed as the app stopped")
+        unstarted = {int(m) for app in apps for m in said.findall(app.output())}
+        claimed = [f for f in range(fences[0], fences[-1] + 1) if f not in unstarted]
+        assert fences == claimed, "a claim without a run"
     return all_runs
 
 
-def assert_none_left_out(url: str, job: str, ticks: list[float], interval: float) -> None:
+def assert_none_left_out(
+    url: str, job: str, ticks: list[float], interval: float, apps: Sequence[App] = ()
+) -> None:
     """Every tick of ``job`` between the first and the last of ``ticks`` (the ticks
     run) ran, or came due while the run before it still held the job's claim:
     dropped, not queued. (A run can outlast its interval on a loaded machine,
@@ -66,8 +76,19 @@ def assert_none_left_out(url: str, job: str, ticks: list[float], interval: float
         left_out = [ran + k * interval for k in range(1, round((next_ran - ran) / interval))]
         held = [tick for tick in left_out if tick <= released.get(ran, -1.0) + 0.02]
         assert left_out == held, (
-            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}"
+            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}; "
+            f"the instances warned:\n{warnings(apps)}"
         )
+
+
+def warnings(apps: Sequence[App]) -> str:
+    """What the instances logged at WARNING and above, for a failure to show."""
+    return "\n".join(
+        f"{app.pid}: {line}"
+        for app in apps
+        for line in app.output().splitlines()
+        if line.startswith(("WARNING", "ERROR"))
+    )
 
 
 def test_many_jobs_across_three_processes_run_each_tick_once(
@@ -81,14 +102,16 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
     for app in apps:
         app.wait_started()
     time.sleep(4)
+    # The work is shared, though on a loaded machine one instance may win every
+    # claim for a while: another runs some within a few more seconds.
+    wait_until(lambda: len({r[3] for r in runs(cluster_url)}) >= 2, timeout=20)
     for app in apps:
         app.terminate()
-    all_runs = assert_one_run_per_tick(cluster_url)
+    all_runs = assert_one_run_per_tick(cluster_url, apps)
     for job in (f"job{n}" for n in range(5)):
         ticks = [tick for j, tick, *_ in all_runs if j == job]
         assert len(ticks) >= 8
-        assert_none_left_out(cluster_url, job, ticks, 0.5)
-    assert len({r[3] for r in all_runs}) >= 2  # the work was shared
+        assert_none_left_out(cluster_url, job, ticks, 0.5, apps)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +168,7 @@ def test_sigkill_mid_run_the_tick_is_not_run_again_and_a_survivor_takes_over(
     for app in apps:
         if app is not victim:
             app.terminate()
-    all_runs = assert_one_run_per_tick(pg_url)
+    all_runs = assert_one_run_per_tick(pg_url, apps)
     job, tick = run[0], run[1]
     assert [r for r in all_runs if (r[0], r[1]) == (job, tick)] == [run]  # never run again
     after = [r for r in all_runs if r[0] == job and r[1] > tick]
@@ -174,7 +197,7 @@ def test_sigstop_past_the_lease_cancels_the_run_and_its_stale_writes_are_rejecte
     for app in apps:
         app.terminate()
     assert "lost its lease" in holder.output()
-    all_runs = assert_one_run_per_tick(pg_url)
+    all_runs = assert_one_run_per_tick(pg_url, apps)
     newer = [r for r in all_runs if r[0] == job and r[2] > stale_fence]
     assert newer, "no peer took over"
     taken_at = min(r[5] for r in newer)
@@ -208,7 +231,7 @@ def test_a_run_longer_than_its_lease_is_not_run_twice(pg_url: str, apps: list[Ap
     time.sleep(5)
     for app in apps:
         app.terminate()
-    all_runs = assert_one_run_per_tick(pg_url)
+    all_runs = assert_one_run_per_tick(pg_url, apps)
     for job in ("job0", "job1"):
         spans = sorted((r[5], r[6]) for r in all_runs if r[0] == job)
         assert len(spans) >= 2
@@ -233,7 +256,7 @@ def test_database_restarts_during_claims_renewals_and_releases(
         app.terminate()
     # A claim sent as the server went down may be made without its reply
     # arriving: that tick is skipped (at most once), never run twice.
-    all_runs = assert_one_run_per_tick(url, lost_answers=True)
+    all_runs = assert_one_run_per_tick(url, apps, lost_answers=True)
     assert [r for r in all_runs if r[5] > restarted_at + 0.3], "runs did not resume"
 
 
@@ -248,11 +271,11 @@ def test_skewed_clocks_do_not_change_outcomes(cluster_url: str, apps: list[App])
     time.sleep(1)
     for app in apps:
         app.terminate()
-    all_runs = assert_one_run_per_tick(cluster_url)
+    all_runs = assert_one_run_per_tick(cluster_url, apps)
     for job in ("job0", "job1"):
         ticks = sorted(r[1] for r in all_runs if r[0] == job)
         assert len(ticks) >= 12
-        assert_none_left_out(cluster_url, job, ticks, 0.25)
+        assert_none_left_out(cluster_url, job, ticks, 0.25, apps)
         late = [r[5] - r[1] for r in all_runs if r[0] == job and r[5] < r[1] - 0.1]
         assert not late, f"{job}: ran before its tick: {late}"
 
@@ -285,7 +308,7 @@ def restart_after_downtime(url: str, apps: list[App], catch_up: float) -> tuple[
 def test_downtime_across_many_ticks_gives_one_catch_up_run(pg_url: str, apps: list[App]) -> None:
     """Down for ~10 ticks, catch_up=5 s: the latest missed tick runs once, at start."""
     again, stopped_at, started_at = restart_after_downtime(pg_url, apps, catch_up=5)
-    assert_one_run_per_tick(pg_url)
+    assert_one_run_per_tick(pg_url, apps)
     said = re.search(r"missed while down; catching up on the latest, (\S+)", again.output())
     assert said, f"no catch-up; the instance said:\n{again.output()}"
     caught_up = datetime.fromisoformat(said.group(1)).timestamp()
@@ -355,4 +378,4 @@ def test_after_a_long_outside_lock_sqlite_workers_recover_within_a_timeout(
 
     wait_until(outside_write, timeout=6)  # one timeout, and a wide margin
     wait_until(lambda: any(started > unlocked + 1 for *_, started, _ in runs(url)), timeout=6)
-    assert_one_run_per_tick(url, lost_answers=True)
+    assert_one_run_per_tick(url, apps, lost_answers=True)

@@ -142,7 +142,7 @@ async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_ser
 
 def test_python_m_example_app_serves_the_jobs_page(tmp_path: Path) -> None:
     """`python -m example_app` serves the app, jobs at /jobs."""
-    port = "8765"
+    port = str(free_port())  # a fixed one is another run's, on a shared machine
     proc = subprocess.Popen(
         [sys.executable, "-m", "example_app"],
         cwd=tmp_path,  # the default SQLite file lands in the working directory

@@ -204,15 +204,20 @@ def test_sync_job_thread_is_not_two_threads_after_its_run_was_cut() -> None:
     from fastapi_jobs import JobRunningError
 
     scheduler = Scheduler()
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     @scheduler.every(hours=1)
     def blocking() -> None:
+        started.set()
         release.wait(10)
 
     async def main() -> None:
-        with anyio.move_on_after(0.05):
-            await scheduler.run_now("blocking")
+        # Cut once the thread runs the job: cut before that, the thread never
+        # starts (a loaded machine); see the next test.
+        async with anyio.create_task_group() as run:
+            run.start_soon(scheduler.run_now, "blocking")
+            assert await anyio.to_thread.run_sync(started.wait, 10)
+            run.cancel_scope.cancel()
         assert scheduler.job_status("blocking").running is True
         with pytest.raises(JobRunningError):
             await scheduler.run_now("blocking")
@@ -221,6 +226,72 @@ def test_sync_job_thread_is_not_two_threads_after_its_run_was_cut() -> None:
         while scheduler.job_status("blocking").running and time.monotonic() < deadline:  # noqa: ASYNC110 - a thread sets what it polls
             await anyio.sleep(0.01)
         assert (await scheduler.run_now("blocking")).ok
+
+    anyio.run(main)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="threads and signals")
+def test_a_sync_run_cut_before_its_thread_starts_leaves_the_job_free() -> None:
+    """A sync job's run cut while it waits for a worker thread (every one taken)
+    never runs, and does not leave the job "running": the next run_now runs it."""
+    scheduler = Scheduler()
+    calls: list[str] = []
+
+    @scheduler.every(hours=1)
+    def quick() -> None:
+        calls.append("quick")
+
+    async def main() -> None:
+        workers = anyio.to_thread.current_default_thread_limiter()
+        workers.total_tokens = 1  # this loop's own limiter
+        release = threading.Event()
+
+        async def hold_the_one_worker() -> None:
+            await anyio.to_thread.run_sync(release.wait)
+
+        async with anyio.create_task_group() as others:
+            others.start_soon(hold_the_one_worker)
+            await poll(lambda: workers.borrowed_tokens == 1)
+            with anyio.move_on_after(0.05):
+                await scheduler.run_now("quick")  # waits for a worker, and is cut
+            release.set()
+        assert calls == []
+        assert scheduler.job_status("quick").running is False
+        assert (await scheduler.run_now("quick")).ok
+
+    anyio.run(main)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="threads and signals")
+def test_a_sync_run_that_times_out_waiting_for_a_worker_thread_did_not_start() -> None:
+    """A sync job's timeout passes while every worker thread is taken: the run is
+    timed out, said to have never started, and does not leave the job "running"
+    waiting for a thread that will never come."""
+    scheduler = Scheduler()
+    calls: list[str] = []
+
+    @scheduler.every(hours=1, timeout=0.05)
+    def quick() -> None:
+        calls.append("quick")
+
+    async def main() -> None:
+        workers = anyio.to_thread.current_default_thread_limiter()
+        workers.total_tokens = 1  # this loop's own limiter
+        release = threading.Event()
+
+        async def hold_the_one_worker() -> None:
+            await anyio.to_thread.run_sync(release.wait)
+
+        async with anyio.create_task_group() as others:
+            others.start_soon(hold_the_one_worker)
+            await poll(lambda: workers.borrowed_tokens == 1)
+            with anyio.fail_after(5):
+                result = await scheduler.run_now("quick")
+            release.set()
+        assert result.outcome == "timed_out" and "did not start" in str(result.error)
+        assert calls == []
+        assert scheduler.job_status("quick").running is False
+        assert (await scheduler.run_now("quick")).ok
 
     anyio.run(main)
 

@@ -5,9 +5,10 @@ DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
 SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s),
 RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
 fails after recording itself), RETRIES, PAUSED (1: declared paused), EVERY_INSTANCE
-(1: unclaimed), METRICS (1: Prometheus at /metrics/, in
-multiprocess mode if PROMETHEUS_MULTIPROC_DIR is set). The control router is public: the
-tests reach the app on localhost only.
+(1: unclaimed), METRICS (1: Prometheus at /metrics/, in multiprocess mode if
+PROMETHEUS_MULTIPROC_DIR is set), BIND_DELAY (s uvicorn is held after it logs
+startup complete, before it binds: a loaded machine, for the harness's test).
+The control router is public: the tests reach the app on localhost only.
 
 Tables (in the app's own database, beside the store's):
 - runs(job, tick, fence, instance, pid, started, finished): one row per run,
@@ -37,6 +38,17 @@ logging.basicConfig(level=logging.INFO)
 ENV = os.environ
 INTERVAL = float(ENV.get("INTERVAL", "0.25"))
 RUN_SECONDS = float(ENV.get("RUN_SECONDS", "0"))
+
+if ENV.get("BIND_DELAY"):
+
+    class _HeldAfterStartup(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Application startup complete" in record.getMessage():
+                time.sleep(float(ENV["BIND_DELAY"]))
+
+    # After uvicorn's own handler, so the line is written first; uvicorn binds
+    # right after logging it, and this call holds that up.
+    logging.getLogger("uvicorn").addHandler(_HeldAfterStartup())
 
 metadata = sa.MetaData()
 runs = sa.Table(
