@@ -331,9 +331,16 @@ async def test_a_run_that_ends_just_before_its_next_tick_does_not_lose_that_tick
         runs, skipped = await first_runs(engine, store, 4, 0.5, run_seconds=0.1, seen=seen)
     ticks = [tick for tick, _ in runs]
     assert "claimed_elsewhere" not in skipped  # refused by its own release: the bug
-    # Each tick ran; or, if this process stood still past one (a pause in CI),
-    # was counted as missed.
-    assert accounted(ticks[0] - 0.5, ticks, skipped, every=0.5), (runs, seen)
+    # Each tick ran; or was counted as skipped: missed, if this process stood still
+    # past one (a pause in CI), or overlap, if a claim waiting for the release
+    # before it still waited when the next tick came (a loaded machine: the run
+    # and its release take 0.55 s of each 0.5). Only the skips of ticks up to the
+    # last run count: the last run may start after the next tick was dispatched.
+    counted = sum(e.ticks for e in seen if e.tick is not None and e.tick <= ticks[-1])
+    assert accounted(ticks[0] - 0.5, ticks, {"any": counted}, every=0.5), (
+        runs,
+        seen,
+    )
 
 
 def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
