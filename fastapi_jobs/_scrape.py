@@ -3,7 +3,7 @@
 prometheus_client's ``make_asgi_app`` renders the whole registry in one go on
 the loop: with 5,000 jobs, 16 MB and 2.4 s of CPU (OpenMetrics, which
 Prometheus asks for first), during which no request was answered. Here the
-scheduler's figures are written by ``Metrics.text()``, which lets the loop run
+scheduler's figures are written by ``Metrics._text()``, which lets the loop run
 every millisecond; the rest of the registry (the process's, the app's own
 metrics) is rendered by prometheus_client, and gzip runs in a worker thread
 (zlib lets go of the GIL). Not the whole rendering in a thread: a thread
@@ -25,19 +25,13 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.to_thread
 from fastapi import Request, Response
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
-
-from ._families import Family, header
-
-if TYPE_CHECKING:
-    from .metrics import Metrics
 
 __all__ = ["Exposition", "forget_dead_processes"]
 
@@ -48,15 +42,18 @@ _LIVE_FILE = re.compile(r"gauge_live(?:all|sum|max|min|mostrecent)_(\d+)\.db")
 _GZIP_LEVEL = 1
 
 
-class Exposition:
-    """The endpoint of ``Metrics.router()``: a rendering cached for ``max_age``."""
+Render = Callable[[Callable[[CollectorRegistry], bytes], str], Awaitable[list[bytes]]]
 
-    def __init__(self, metrics: Metrics, registry: CollectorRegistry, max_age: float) -> None:
-        self.metrics, self.registry, self.max_age = metrics, registry, max_age
+
+class Exposition:
+    """The endpoint of ``Metrics.router()``: ``render(encoder, content_type)``'s pieces,
+    joined (or gzipped) in a worker thread and served again for ``max_age``."""
+
+    def __init__(self, render: Render, max_age: float, multiprocess: bool) -> None:
+        self.render, self.max_age, self.multiprocess = render, max_age, multiprocess
         # (content type, gzipped) -> (monotonic time its rendering began, body)
         self._made: dict[tuple[str, bool], tuple[float, bytes]] = {}
-        self._making: dict[tuple[str, bool], anyio.Event] = {}
-        self._headers: dict[str, dict[Family, str]] = {}  # by content type
+        self._making: dict[tuple[str, bool], _Making] = {}
 
     async def __call__(self, request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
@@ -68,53 +65,45 @@ class Exposition:
     async def body(
         self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzipped: bool
     ) -> bytes:
-        """The registry as ``encoder`` writes it, from a rendering younger than
-        ``max_age`` if there is one (or one under way)."""
+        """What ``encoder`` writes, from a rendering younger than ``max_age`` if
+        there is one (or one under way)."""
         key = (content_type, gzipped)
-        while True:
-            made = self._made.get(key)
-            if made is not None and time.monotonic() - made[0] < self.max_age:
-                return made[1]
-            making = self._making.get(key)
-            if making is None:
-                break
-            await making.wait()  # then served from it (or, if it failed, made anew)
-        self._making[key] = done = anyio.Event()
+        made = self._made.get(key)
+        if made is not None and time.monotonic() - made[0] < self.max_age:
+            return made[1]
+        making = self._making.get(key)
+        if making is not None:
+            await making.done.wait()
+            if making.body is not None:
+                return making.body
+            # It failed (its scrape has the error): this one makes its own.
+        self._making[key] = making = _Making()
         try:
             began = time.monotonic()
-            chunks = await self._render(encoder, content_type)
+            if self.multiprocess:
+                await anyio.to_thread.run_sync(forget_dead_processes)
+            chunks = await self.render(encoder, content_type)
             # zlib lets go of the GIL as it compresses: the loop runs on meanwhile.
             body = await anyio.to_thread.run_sync(_gzip if gzipped else b"".join, chunks)
             # Keep only what is fresh: a format no scraper asks for any more goes.
             self._made = {k: v for k, v in self._made.items() if began - v[0] < self.max_age}
             self._made[key] = (began, body)
+            making.body = body
         finally:
-            del self._making[key]
-            done.set()
+            if self._making.get(key) is making:
+                del self._making[key]
+            making.done.set()
         return body
 
-    async def _render(
-        self, encoder: Callable[[CollectorRegistry], bytes], content_type: str
-    ) -> list[bytes]:
-        metrics = self.metrics
-        if metrics.multiprocess:
-            await anyio.to_thread.run_sync(forget_dead_processes)
-        headers = self._headers.get(content_type)
-        if headers is None:
-            headers = self._headers[content_type] = {}
 
-        def written(family: Family) -> str:
-            known = headers.get(family)
-            if known is None:
-                known = headers[family] = header(family, encoder)
-            return known
+class _Making:
+    """A rendering under way, which the scrapes that come meanwhile wait for."""
 
-        ours = await metrics.text(written)
-        # The registry's other collectors (the process's, the app's own), as
-        # prometheus_client writes them; in OpenMetrics, their "# EOF" ends it all.
-        with metrics.quiet():
-            rest = encoder(self.registry)
-        return [*ours, rest]
+    __slots__ = ("body", "done")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.body: bytes | None = None
 
 
 def _gzip(chunks: list[bytes]) -> bytes:

@@ -65,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
     ) from exc
 
 from ._errors import ConfigurationError, short
-from ._families import Family, MetricSink, TextSink
+from ._families import Family, MetricSink, TextSink, header
 from ._recorders import (
     DURATION_BUCKETS,
     DURATIONS,
@@ -260,8 +260,9 @@ class Metrics:
         self._wanted: anyio.Event | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._thread = 0
-        self._quiet = threading.local()  # .on: router() writes these figures itself
+        self._local = threading.local()  # .quiet: router() writes these figures itself
         self._exposition: Exposition | None = None
+        self._headers: dict[str, dict[Family, str]] = {}  # by content type
         self._intervals: dict[str, tuple[float, float]] = {}  # cron jobs: (tick, gap to next)
         # In multiprocess mode prometheus_client's metrics live in its files, which
         # its collector reads (so they are registered nowhere); else, our arrays.
@@ -311,7 +312,7 @@ class Metrics:
         from fastapi import APIRouter, Response
 
         if self._exposition is None:
-            self._exposition = Exposition(self, self.registry, self.max_age)
+            self._exposition = Exposition(self._render, self.max_age, self.multiprocess)
         router = APIRouter()
         router.add_api_route(
             path,
@@ -381,7 +382,29 @@ class Metrics:
 
     # -- what router() serves: written on the loop, a slice at a time --------
 
-    async def text(self, headers: Callable[[Family], str]) -> list[bytes]:
+    async def _render(
+        self, encoder: Callable[[CollectorRegistry], bytes], content_type: str
+    ) -> list[bytes]:
+        """The registry as ``encoder`` writes it (``content_type``), in pieces:
+        the scheduler's figures by ``_text()``, the rest by prometheus_client."""
+        headers = self._headers.get(content_type)
+        if headers is None:
+            headers = self._headers[content_type] = {}
+
+        def written(family: Family) -> str:
+            known = headers.get(family)
+            if known is None:
+                known = headers[family] = header(family, encoder)
+            return known
+
+        ours = await self._text(written)
+        # The registry's other collectors (the process's, the app's own); in
+        # OpenMetrics, their "# EOF" ends it all.
+        with self._quiet():
+            rest = encoder(self.registry)
+        return [*ours, rest]
+
+    async def _text(self, headers: Callable[[Family], str]) -> list[bytes]:
         """The scheduler's figures as exposition text, in pieces (each family
         under ``headers(family)``), written on the event loop, which runs its
         other work every ``TURN`` seconds of writing."""
@@ -406,14 +429,14 @@ class Metrics:
         return sink.chunks()
 
     @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
+    def _quiet(self) -> Iterator[None]:
         """While this thread renders the rest of the registry: no figures from
         here (``text()`` wrote them)."""
-        self._quiet.on = True
+        self._local.quiet = True
         try:
             yield
         finally:
-            self._quiet.on = False
+            self._local.quiet = False
 
     # -- prometheus_client's collector protocol -----------------------------
 
@@ -421,7 +444,7 @@ class Metrics:
         return iter(MetricSink(self.families).metrics.values())
 
     def collect(self) -> Iterator[Metric]:
-        if getattr(self._quiet, "on", False):
+        if getattr(self._local, "quiet", False):
             return iter(())
         token = self._token
         if token is not None and threading.get_ident() != self._thread:

@@ -4,6 +4,8 @@ through the app's own /metrics."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import time
 from contextlib import closing
@@ -311,7 +313,7 @@ async def test_a_store_that_is_down_from_the_start_gives_store_up_0_not_a_failed
 
 
 def scrape_http(base: str) -> Samples:
-    answer = httpx.get(base + "/metrics/", timeout=10)
+    answer = httpx.get(base + "/metrics", timeout=10)
     assert answer.status_code == 200, answer.text
     return parse(answer.text)
 
@@ -358,6 +360,40 @@ def test_multiprocess_mode_sums_the_workers_counts(tmp_path: Path, apps: list[Ap
     paused = value(samples, "skipped_ticks_total", job_name="job0", reason="paused")
     assert skipped is not None and paused  # counted where they happen, summed here
     assert value(samples, "paused", job_name="job0") == 1
+
+
+def test_a_sigkilled_workers_running_is_gone_once_it_is_respawned(
+    tmp_path: Path, apps: list[App]
+) -> None:
+    """Multiprocess mode: a worker killed mid-run leaves its live gauge file; the
+    workers mark it dead (mark_process_dead) and its running 1 is not summed."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'workers.sqlite3'}"
+    files = tmp_path / "prometheus"
+    files.mkdir()
+    app = App(
+        url,
+        workers=2,
+        JOBS=1,
+        INTERVAL=0.25,
+        RUN_SECONDS=60,  # the run outlasts the test; its lease (30 s) holds the peer off
+        TIMEOUT=1,
+        METRICS=1,
+        PROMETHEUS_MULTIPROC_DIR=files,
+    )
+    apps.append(app)
+    app.wait_started()
+    base = f"http://127.0.0.1:{app.port}"
+    wait_until(lambda: rows(url, "SELECT pid FROM runs WHERE finished IS NULL"), timeout=20)
+    [(pid,)] = rows(url, "SELECT pid FROM runs WHERE finished IS NULL")
+    assert value(scrape_http(base), "running", job_name="job0") == 1
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: app.output().count("Application startup complete") == 3, timeout=30)
+    # No worker runs it now (0), or none that is alive ever did (no sample).
+    wait_until(lambda: not value(scrape_http(base), "running", job_name="job0"), timeout=10)
+    # Its other files (counts, summed across workers) stay.
+    left = [name for name in os.listdir(files) if name.endswith(f"_{pid}.db")]
+    assert left and not [name for name in left if name.startswith("gauge_live")]
+    assert len(rows(url, "SELECT 1 FROM runs WHERE finished IS NULL")) == 1  # no peer took it
 
 
 @pytest.mark.looptime

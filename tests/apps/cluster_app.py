@@ -4,7 +4,7 @@ Configured by the environment:
 DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
 SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s),
 RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
-fails after recording itself), RETRIES, METRICS (1: Prometheus at /metrics/, in
+fails after recording itself), RETRIES, METRICS (1: Prometheus at /metrics, in
 multiprocess mode if PROMETHEUS_MULTIPROC_DIR is set). The control router is public: the
 tests reach the app on localhost only.
 
@@ -164,12 +164,11 @@ app.include_router(scheduler.router)
 app.include_router(scheduler.control_router(public=True))
 
 if ENV.get("METRICS") == "1":
-    from prometheus_client import CollectorRegistry, make_asgi_app, multiprocess
+    from prometheus_client import CollectorRegistry, multiprocess
 
     from fastapi_jobs.metrics import instrument
 
     registry = CollectorRegistry()
     if ENV.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    instrument(scheduler, registry, max_age=0.2)
-    app.mount("/metrics", make_asgi_app(registry))
+    app.include_router(instrument(scheduler, registry, max_age=0.2).router())
