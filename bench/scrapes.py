@@ -9,7 +9,8 @@ Variants (each server a fresh process):
   rendered on the event loop);
 - ``router``: this tree, ``app.include_router(metrics.router())`` (rendered in a
   worker thread, cached for ``max_age``);
-- ``router_by_job``: the same with ``instrument(histograms_by_job=True)``.
+- ``router_by_job``: the same with ``instrument(histograms_by_job=True)``;
+- ``unscraped`` (requests only): the ``router`` app, never scraped.
 
 ``cost``: N jobs at 1 h that each ran once at startup (so every series exists
 and nothing else runs), scraped 5 times in process as Prometheus asks
@@ -41,7 +42,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "uvicorn", "--factory", "bench.scrapes:make_app"]
+CLIENT = [sys.executable, "-m", "bench.scrapes", "client"]
 VARIANTS = ("before", "mount", "router", "router_by_job")
+# For the requests: the router's app, never scraped (what the jobs alone cost).
+UNSCRAPED = "unscraped"
 # What Prometheus 2.x and 3.x send (prometheus_client offers no protobuf).
 PROMETHEUS_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
@@ -80,7 +84,7 @@ def make_app() -> Any:
     else:
         by_job = variant == "router_by_job"
         metrics = instrument(scheduler, registry, max_age=max_age, histograms_by_job=by_job)
-        app.include_router(metrics.router())  # type: ignore[attr-defined]
+        app.include_router(metrics.router())
 
     @app.get("/ping")
     async def ping() -> dict[str, bool]:
@@ -90,6 +94,7 @@ def make_app() -> Any:
 
 
 def _path(variant: str) -> str:
+    variant = "router" if variant == UNSCRAPED else variant
     return "/metrics/" if variant in ("before", "mount") else "/metrics"
 
 
@@ -127,6 +132,31 @@ async def _get(app: Any, path: str, headers: dict[str, str]) -> tuple[int, bytes
     return status, body
 
 
+class _Stalls:
+    """The longest time the event loop left a task that wakes every millisecond."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._done = False
+
+    async def _watch(self) -> None:
+        last = time.perf_counter()
+        while not self._done:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    async def __aenter__(self) -> _Stalls:
+        self._task = asyncio.create_task(self._watch())
+        await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done = True
+        await self._task
+
+
 async def _cost(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
     import gzip
     import logging
@@ -145,27 +175,12 @@ async def _cost(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
         body = b""
         for _ in range(scrapes):
             await asyncio.sleep(0.3)  # older than max_age
-            longest = 0.0
-            done = False
-
-            async def watch() -> None:
-                nonlocal longest
-                last = time.perf_counter()
-                while not done:
-                    await asyncio.sleep(0.001)
-                    now = time.perf_counter()
-                    longest = max(longest, now - last)
-                    last = now
-
-            watcher = asyncio.create_task(watch())
-            await asyncio.sleep(0.01)
-            c0, t0 = time.process_time(), time.perf_counter()
-            status, body = await _get(app, path, PROMETHEUS_HEADERS)
-            walls.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            done = True
-            await watcher
-            stalls.append(longest)
+            async with _Stalls() as stalls_now:
+                c0, t0 = time.process_time(), time.perf_counter()
+                status, body = await _get(app, path, PROMETHEUS_HEADERS)
+                walls.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+            stalls.append(stalls_now.longest)
             assert status == 200, status
         await asyncio.sleep(0.3)
         _, text = await _get(app, path, {"Accept": PROMETHEUS_HEADERS["Accept"]})
@@ -197,7 +212,8 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
     ):
         for _ in range(20):  # warm the connection pool
             await http.get("/ping")
-        assert (await scraper.get(path, headers=PROMETHEUS_HEADERS)).status_code == 200
+        if every > 0:
+            assert (await scraper.get(path, headers=PROMETHEUS_HEADERS)).status_code == 200
 
         async def one(intended: float) -> None:
             response = await http.get("/ping")
@@ -217,7 +233,8 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
 
         async with asyncio.TaskGroup() as tg:
             start = time.perf_counter()
-            tg.create_task(scrapes(start + seconds - 0.5))
+            if every > 0:
+                tg.create_task(scrapes(start + seconds - 0.5))
             for k in range(int(rate * seconds)):
                 intended = start + k / rate
                 await asyncio.sleep(max(0.0, intended - time.perf_counter()))
@@ -250,8 +267,7 @@ def serve_and_scrape(
     try:
         time.sleep(3 + jobs / 2000)  # started, and the jobs through their first bursts
         out = subprocess.run(
-            [sys.executable, "-m", "bench.scrapes", "client"]
-            + [str(port), str(rate), str(seconds), str(every), _path(variant)],
+            [*CLIENT, str(port), str(rate), str(seconds), str(every), _path(variant)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -289,7 +305,7 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
     rate, seconds, every, rounds = (50.0, 4.0, 1.0, 1) if quick else (200.0, 30.0, 5.0, 3)
     old = _tree(before)
     try:
-        cwd = {v: old if v == "before" else ROOT for v in VARIANTS}
+        cwd = {v: old if v == "before" else ROOT for v in (*VARIANTS, UNSCRAPED)}
         costs: dict[tuple[int, str], list[dict[str, Any]]] = {}
         runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
         for _ in range(rounds):
@@ -302,6 +318,9 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
                         serve_and_scrape(n, variant, rate, seconds, every, cwd[variant])
                     )
                     print(n, variant, json.dumps(costs[n, variant][-1]), file=sys.stderr)
+                runs.setdefault((n, UNSCRAPED), []).append(
+                    serve_and_scrape(n, UNSCRAPED, rate, seconds, 0.0, ROOT)
+                )
     finally:
         shutil.rmtree(old)
     lines = [
@@ -332,15 +351,14 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        for variant in VARIANTS:
+        for variant in (UNSCRAPED, *VARIANTS):
             r = runs[n, variant]
             p50 = statistics.median(statistics.median(x["latencies"]) for x in r)
             p99 = statistics.median(_p99(x["latencies"]) for x in r)
             top = statistics.median(max(x["latencies"]) for x in r)
-            scrape = statistics.median(statistics.median(x["scrape_ms"]) for x in r)
-            lines.append(
-                f"| {n:,} | {variant} | {p50:.2f} | {p99:.2f} | {top:.1f} | {scrape:.0f} |"
-            )
+            scraped = [statistics.median(x["scrape_ms"]) for x in r if x["scrape_ms"]]
+            scrape = f"{statistics.median(scraped):.0f}" if scraped else "-"
+            lines.append(f"| {n:,} | {variant} | {p50:.2f} | {p99:.2f} | {top:.1f} | {scrape} |")
     return lines
 
 

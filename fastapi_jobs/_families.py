@@ -1,6 +1,6 @@
 """The metrics' families, and the two ways their samples are written down.
 
-The figures are emitted once (``metrics.py``), into one of two sinks:
+The figures are emitted once (``_figures.py``), into one of two sinks:
 
 * ``MetricSink`` makes prometheus_client's ``Metric`` families, for whatever
   renders the registry (``generate_latest``, ``make_asgi_app``, a thread of
@@ -22,9 +22,30 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString as _go_untyped
 
-__all__ = ["Family", "MetricSink", "TextSink", "header"]
+__all__ = [
+    "CLUSTER_RUNNING",
+    "INSTANCES",
+    "INTERVAL",
+    "LAST_RUN",
+    "NEXT_RUN",
+    "OUTCOME",
+    "PAUSED",
+    "READ",
+    "RETRIES",
+    "RUNNING",
+    "RUNS",
+    "SCHEDULER_RUNNING",
+    "SKIPPED",
+    "STORE_UP",
+    "SUCCESS",
+    "Family",
+    "MetricSink",
+    "TextSink",
+    "header",
+]
 
 _CHUNK = 256  # lines encoded together: ~15 KB, ~20 µs
+PREFIX = "fastapi_jobs_"
 
 # How both formats write a value ("+Inf", "1.0", "1.5e+09"): prometheus_client's own.
 _go: Callable[[float], str] = _go_untyped
@@ -45,6 +66,75 @@ class Family:
         self.bucket_labels = (*labels, "le")
         if kind == "histogram" and any(label > "le" for label in labels):
             raise ValueError(f"{name}: a label sorts after 'le': {labels}")
+
+
+def _family(name: str, kind: str, doc: str, *labels: str) -> Family:
+    return Family(PREFIX + name, kind, doc, labels)
+
+
+RUNS = _family(
+    "runs",
+    "counter",
+    "Runs (each attempt) that ended in this process, by outcome.",
+    "job_name",
+    "outcome",
+)
+SKIPPED = _family(
+    "skipped_ticks",
+    "counter",
+    "Ticks that did not run in this process, by reason.",
+    "job_name",
+    "reason",
+)
+RETRIES = _family("retries", "counter", "Retries started in this process.", "job_name")
+RUNNING = _family("running", "gauge", "1 while a run of the job goes in this process.", "job_name")
+SCHEDULER_RUNNING = _family(
+    "scheduler_running", "gauge", "1 if this process's scheduler is running."
+)
+NEXT_RUN = _family("next_run_timestamp_seconds", "gauge", "The job's next tick.", "job_name")
+INTERVAL = _family(
+    "interval_seconds",
+    "gauge",
+    "The time between the job's ticks (for a cron job: from its next tick to the "
+    "one after). Alert on time() - last_success > 2 x this.",
+    "job_name",
+)
+SUCCESS = _family(
+    "last_success_timestamp_seconds",
+    "gauge",
+    "When the job's latest successful run ended: across instances for a job "
+    "claimed in a store, else in this process; 0 if it ran but no success is on "
+    "record.",
+    "job_name",
+)
+PAUSED = _family("paused", "gauge", "1 if the job's ticks are skipped as paused.", "job_name")
+STORE_UP = _family(
+    "store_up",
+    "gauge",
+    "1 if the store answered the last reading (figures below are from it).",
+)
+READ = _family(
+    "cluster_read_timestamp_seconds",
+    "gauge",
+    "When the store was last read (the database's clock).",
+)
+LAST_RUN = _family(
+    "last_run_timestamp_seconds",
+    "gauge",
+    "When the job's last claimed run ended, on any instance.",
+    "job_name",
+)
+OUTCOME = _family(
+    "last_outcome",
+    "gauge",
+    "1 for the outcome of the job's last claimed run, on any instance.",
+    "job_name",
+    "outcome",
+)
+CLUSTER_RUNNING = _family(
+    "cluster_running", "gauge", "1 while an instance holds a live lease on the job.", "job_name"
+)
+INSTANCES = _family("instances", "gauge", "Instances whose heartbeat the store has seen lately.")
 
 
 class MetricSink:

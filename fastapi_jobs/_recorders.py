@@ -9,11 +9,11 @@ from bisect import bisect_left
 
 from prometheus_client import Counter, Gauge, Histogram, Summary
 
+from ._families import PREFIX
 from ._observe import RunFinished, RunStarted, TickSkipped
 
 __all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "Counting", "Recorder", "Series"]
 
-PREFIX = "fastapi_jobs_"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 """Seconds: jobs run from milliseconds (a cleanup) to an hour (a report).
 The buckets of ``run_duration_seconds`` with ``histograms_by_job=True``."""

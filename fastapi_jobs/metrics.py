@@ -46,10 +46,8 @@ import logging
 import math
 import threading
 import time
-from array import array
 from collections.abc import Callable, Iterator
-from itertools import accumulate
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.from_thread
@@ -66,28 +64,17 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from ._errors import ConfigurationError, short
 from ._families import Family, MetricSink, TextSink, header
-from ._recorders import (
-    DURATION_BUCKETS,
-    DURATIONS,
-    LATENESS,
-    LATENESS_BUCKETS,
-    PREFIX,
-    Counting,
-    Recorder,
-    Series,
-)
-from ._runner import JobRunner
+from ._figures import Figures, Row, Snapshot
+from ._recorders import DURATION_BUCKETS, LATENESS_BUCKETS, Counting, Recorder
 from ._scheduler import Scheduler
-from ._schedules import Every
 from ._scrape import Exposition, forget_dead_processes
-from ._status import ClusterJobStatus, ClusterView
+from ._status import ClusterView
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
 __all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "Metrics", "instrument"]
 
-OUTCOMES = ("ok", "failed", "timed_out", "cancelled")
 # The cluster's figures are read every max_age seconds while a scrape came
 # within this long; after it, every store.heartbeat seconds.
 LINGER = 300.0
@@ -97,75 +84,6 @@ TURN = 0.001
 STRIDE = 10
 
 _log = logging.getLogger("fastapi_jobs.metrics")
-
-
-def _family(name: str, kind: str, doc: str, *labels: str) -> Family:
-    return Family(PREFIX + name, kind, doc, labels)
-
-
-RUNS = _family(
-    "runs",
-    "counter",
-    "Runs (each attempt) that ended in this process, by outcome.",
-    "job_name",
-    "outcome",
-)
-SKIPPED = _family(
-    "skipped_ticks",
-    "counter",
-    "Ticks that did not run in this process, by reason.",
-    "job_name",
-    "reason",
-)
-RETRIES = _family("retries", "counter", "Retries started in this process.", "job_name")
-RUNNING = _family("running", "gauge", "1 while a run of the job goes in this process.", "job_name")
-SCHEDULER_RUNNING = _family(
-    "scheduler_running", "gauge", "1 if this process's scheduler is running."
-)
-NEXT_RUN = _family("next_run_timestamp_seconds", "gauge", "The job's next tick.", "job_name")
-INTERVAL = _family(
-    "interval_seconds",
-    "gauge",
-    "The time between the job's ticks (for a cron job: from its next tick to the "
-    "one after). Alert on time() - last_success > 2 x this.",
-    "job_name",
-)
-SUCCESS = _family(
-    "last_success_timestamp_seconds",
-    "gauge",
-    "When the job's latest successful run ended: across instances for a job "
-    "claimed in a store, else in this process; 0 if it ran but no success is on "
-    "record.",
-    "job_name",
-)
-PAUSED = _family("paused", "gauge", "1 if the job's ticks are skipped as paused.", "job_name")
-STORE_UP = _family(
-    "store_up",
-    "gauge",
-    "1 if the store answered the last reading (figures below are from it).",
-)
-READ = _family(
-    "cluster_read_timestamp_seconds",
-    "gauge",
-    "When the store was last read (the database's clock).",
-)
-LAST_RUN = _family(
-    "last_run_timestamp_seconds",
-    "gauge",
-    "When the job's last claimed run ended, on any instance.",
-    "job_name",
-)
-OUTCOME = _family(
-    "last_outcome",
-    "gauge",
-    "1 for the outcome of the job's last claimed run, on any instance.",
-    "job_name",
-    "outcome",
-)
-CLUSTER_RUNNING = _family(
-    "cluster_running", "gauge", "1 while an instance holds a live lease on the job.", "job_name"
-)
-INSTANCES = _family("instances", "gauge", "Instances whose heartbeat the store has seen lately.")
 
 
 def instrument(
@@ -208,34 +126,6 @@ def instrument(
     )
 
 
-class _Row(NamedTuple):
-    """One job's numbers, copied on the event loop in one go."""
-
-    name: str
-    runs: int
-    running: bool
-    failures: int
-    timeouts: int
-    cancelled: int
-    skipped: dict[str, int] | None
-    retries: int
-    busy: bool
-    next_run_at: float | None
-    interval: float | None
-    claimed: bool
-    last_ok_at: float | None
-    paused: bool
-    durations: array[float] | None
-    lateness: array[float] | None  # by job only
-
-
-class _Snapshot(NamedTuple):
-    scheduler_running: bool
-    lateness: array[float] | None  # of the process (not by job)
-    view: ClusterView | None
-    store_up: bool | None
-
-
 class Metrics:
     """The collector ``instrument()`` registers (and the task that reads the
     store for it). ``router()`` serves it; ``refresh()`` reads the cluster's
@@ -263,33 +153,10 @@ class Metrics:
         self._local = threading.local()  # .quiet: router() writes these figures itself
         self._exposition: Exposition | None = None
         self._headers: dict[str, dict[Family, str]] = {}  # by content type
-        self._intervals: dict[str, tuple[float, float]] = {}  # cron jobs: (tick, gap to next)
         # In multiprocess mode prometheus_client's metrics live in its files, which
         # its collector reads (so they are registered nowhere); else, our arrays.
         self._recorder = None if self.multiprocess else Recorder(histograms_by_job)
-        self.durations = Family(
-            DURATIONS[0],
-            "histogram" if histograms_by_job else "summary",
-            DURATIONS[1],
-            ("job_name",),
-        )
-        self.lateness = Family(
-            LATENESS[0], "histogram", LATENESS[1], ("job_name",) if histograms_by_job else ()
-        )
-        counted = [] if self._recorder is None else [RUNS, SKIPPED, RETRIES, RUNNING]
-        if self._recorder is not None:
-            counted += [self.durations, self.lateness]
-        cluster = [] if scheduler.store is None else [STORE_UP, READ, LAST_RUN, OUTCOME]
-        cluster += [CLUSTER_RUNNING, INSTANCES] if cluster else []
-        self.families = [
-            *counted,
-            SCHEDULER_RUNNING,
-            NEXT_RUN,
-            INTERVAL,
-            SUCCESS,
-            PAUSED,
-            *cluster,
-        ]
+        self._figures = Figures(scheduler, self._recorder, histograms_by_job)
         try:
             registry.register(self)
         except ValueError as exc:
@@ -409,20 +276,21 @@ class Metrics:
         under ``headers(family)``), written on the event loop, which runs its
         other work every ``TURN`` seconds of writing."""
         self._scraped()
-        sink = TextSink(self.families, headers)
-        snapshot = self._snapshot()
-        self._emit_process(snapshot, sink)
+        figures = self._figures
+        sink = TextSink(figures.families, headers)
+        snapshot = figures.snapshot(self._view, self._store_up)
+        figures.emit_process(snapshot, sink)
         runners = list(self.scheduler._runners.values())
         turn = time.perf_counter() + TURN
         for start in range(0, len(runners), STRIDE):
-            self._emit_jobs(self._rows(runners[start : start + STRIDE]), snapshot.view, sink)
+            figures.emit_jobs(figures.rows(runners[start : start + STRIDE]), snapshot.view, sink)
             if time.perf_counter() >= turn:
                 await anyio.lowlevel.checkpoint()
                 turn = time.perf_counter() + TURN
         if snapshot.view is not None and self.scheduler.store is not None:
             jobs = list(snapshot.view.jobs.items())
             for start in range(0, len(jobs), STRIDE):
-                self._emit_cluster_jobs(jobs[start : start + STRIDE], sink)
+                figures.emit_cluster_jobs(jobs[start : start + STRIDE], sink)
                 if time.perf_counter() >= turn:
                     await anyio.lowlevel.checkpoint()
                     turn = time.perf_counter() + TURN
@@ -431,7 +299,7 @@ class Metrics:
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:
         """While this thread renders the rest of the registry: no figures from
-        here (``text()`` wrote them)."""
+        here (``_text()`` wrote them)."""
         self._local.quiet = True
         try:
             yield
@@ -441,7 +309,7 @@ class Metrics:
     # -- prometheus_client's collector protocol -----------------------------
 
     def describe(self) -> Iterator[Metric]:
-        return iter(MetricSink(self.families).metrics.values())
+        return iter(MetricSink(self._figures.families).metrics.values())
 
     def collect(self) -> Iterator[Metric]:
         if getattr(self._local, "quiet", False):
@@ -454,160 +322,17 @@ class Metrics:
                 return self._metrics(*copied)
         return self._metrics(*self._copy())
 
-    def _copy(self) -> tuple[_Snapshot, list[_Row]]:
+    def _copy(self) -> tuple[Snapshot, list[Row]]:
         self._scraped()
-        return self._snapshot(), self._rows(list(self.scheduler._runners.values()))
+        figures = self._figures
+        snapshot = figures.snapshot(self._view, self._store_up)
+        return snapshot, figures.rows(list(self.scheduler._runners.values()))
 
-    def _metrics(self, snapshot: _Snapshot, rows: list[_Row]) -> Iterator[Metric]:
-        sink = MetricSink(self.families)
-        self._emit_process(snapshot, sink)
-        self._emit_jobs(rows, snapshot.view, sink)
+    def _metrics(self, snapshot: Snapshot, rows: list[Row]) -> Iterator[Metric]:
+        figures = self._figures
+        sink = MetricSink(figures.families)
+        figures.emit_process(snapshot, sink)
+        figures.emit_jobs(rows, snapshot.view, sink)
         if snapshot.view is not None and self.scheduler.store is not None:
-            self._emit_cluster_jobs(list(snapshot.view.jobs.items()), sink)
+            figures.emit_cluster_jobs(list(snapshot.view.jobs.items()), sink)
         return iter(sink.metrics.values())
-
-    # -- the figures: copied on the loop, then emitted into a sink ----------
-
-    def _snapshot(self) -> _Snapshot:
-        recorder = self._recorder
-        lateness = None
-        if recorder is not None and not recorder.lateness.by_job:
-            lateness = recorder.lateness.copy("")
-        running = self.scheduler._state is not None
-        return _Snapshot(running, lateness, self._view, self._store_up)
-
-    def _rows(self, runners: list[JobRunner]) -> list[_Row]:
-        now = self.scheduler._ticking_clock.now()
-        recorder = self._recorder
-        durations = None if recorder is None else recorder.durations
-        lateness = None if recorder is None or not recorder.lateness.by_job else recorder.lateness
-        rows = []
-        for runner in runners:
-            name, stats = runner.job.name, runner.stats
-            tick = stats.next_run_at
-            skipped = stats.skipped
-            rows.append(
-                _Row(
-                    name,
-                    stats.runs,
-                    stats.running,
-                    stats.failures,
-                    stats.timeouts,
-                    stats.cancelled,
-                    None if skipped is None else dict(skipped),
-                    stats.retries,
-                    runner.busy,
-                    tick,
-                    None if tick is None else self._interval(runner, tick),
-                    runner.store is not None,
-                    stats.last_ok_at,
-                    # Kept in step with the store's pauses by each heartbeat.
-                    runner.paused_until > now,
-                    None if durations is None else durations.copy(name),
-                    None if lateness is None else lateness.copy(name),
-                )
-            )
-        return rows
-
-    def _emit_process(self, snapshot: _Snapshot, sink: MetricSink | TextSink) -> None:
-        if self._recorder is not None and not self.histograms_by_job:
-            self._series(sink, self.lateness, (), snapshot.lateness, self._recorder.lateness)
-        sink.add(SCHEDULER_RUNNING, "", (), float(snapshot.scheduler_running))
-        if self.scheduler.store is None:
-            return
-        sink.add(STORE_UP, "", (), float(bool(snapshot.store_up)))
-        view = snapshot.view
-        if view is not None:
-            if view.read_at is not None:
-                sink.add(READ, "", (), view.read_at)
-            sink.add(INSTANCES, "", (), len(view.instances))
-
-    def _emit_jobs(
-        self, rows: list[_Row], view: ClusterView | None, sink: MetricSink | TextSink
-    ) -> None:
-        recorder = self._recorder
-        if recorder is not None:
-            self._process_counters(rows, sink)
-            for row in rows:
-                job = (row.name,)
-                self._series(sink, self.durations, job, row.durations, recorder.durations)
-                if self.histograms_by_job:
-                    self._series(sink, self.lateness, job, row.lateness, recorder.lateness)
-        for row in rows:
-            job = (row.name,)
-            if row.next_run_at is not None:
-                sink.add(NEXT_RUN, "", job, row.next_run_at)
-                if row.interval is not None:
-                    sink.add(INTERVAL, "", job, row.interval)
-            if row.claimed:
-                cluster = None if view is None else view.jobs.get(row.name)
-                if cluster is not None:
-                    last = cluster.last_success_at
-                    sink.add(SUCCESS, "", job, 0.0 if last is None else last.timestamp())
-            elif row.last_ok_at is not None:
-                sink.add(SUCCESS, "", job, row.last_ok_at)
-            elif row.runs:
-                sink.add(SUCCESS, "", job, 0.0)
-            sink.add(PAUSED, "", job, float(row.paused))
-
-    def _process_counters(self, runners: list[_Row], sink: MetricSink | TextSink) -> None:
-        for stats in runners:  # each job's JobStats, as copied on the loop
-            name = stats.name
-            ended = stats.runs - stats.running
-            by_outcome = (
-                ended - stats.failures - stats.cancelled,
-                stats.failures - stats.timeouts,
-                stats.timeouts,
-                stats.cancelled,
-            )
-            for outcome, count in zip(OUTCOMES, by_outcome, strict=True):
-                sink.add(RUNS, "_total", (name, outcome), count)
-            for reason, count in (stats.skipped or {}).items():
-                sink.add(SKIPPED, "_total", (name, reason), count)
-            sink.add(RETRIES, "_total", (name,), stats.retries)
-            sink.add(RUNNING, "", (name,), float(stats.busy))
-
-    @staticmethod
-    def _series(
-        sink: MetricSink | TextSink,
-        family: Family,
-        labels: tuple[str, ...],
-        cells: array[float] | None,
-        series: Series,
-    ) -> None:
-        if cells is None:
-            return
-        if series.bounds:
-            for edge, count in zip(series.edges, accumulate(cells[:-1]), strict=True):
-                sink.add(family, "_bucket", (*labels, edge), count)
-            sink.add(family, "_count", labels, count)
-        else:
-            sink.add(family, "_count", labels, cells[0])
-        sink.add(family, "_sum", labels, cells[-1])
-
-    @staticmethod
-    def _emit_cluster_jobs(
-        jobs: list[tuple[str, ClusterJobStatus]], sink: MetricSink | TextSink
-    ) -> None:
-        for name, job in jobs:
-            label = (name,)
-            if job.last_finished_at is not None:
-                sink.add(LAST_RUN, "", label, job.last_finished_at.timestamp())
-            if job.last_outcome is not None:
-                for each in OUTCOMES:
-                    sink.add(OUTCOME, "", (name, each), float(each == job.last_outcome))
-            sink.add(CLUSTER_RUNNING, "", label, float(job.running_on is not None))
-
-    def _interval(self, runner: JobRunner, tick: float) -> float | None:
-        schedule = runner.job.schedule
-        if isinstance(schedule, Every):
-            return schedule.interval.total_seconds()
-        known = self._intervals.get(runner.job.name)
-        if known is None or known[0] != tick:
-            # A cron's next tick, asked once per tick (not per scrape).
-            try:
-                after = schedule.next_after(tick)
-            except Exception:  # noqa: BLE001 - a custom schedule's bug must not fail a scrape
-                return None
-            known = self._intervals[runner.job.name] = (tick, after - tick)
-        return known[1]
