@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.to_thread
-from fastapi import Request, Response
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
 
@@ -38,7 +37,7 @@ __all__ = ["Exposition", "forget_dead_processes"]
 # The files prometheus_client keeps per process for its "live" gauge modes
 # (what mark_process_dead removes); the other files are sums, kept on purpose.
 _LIVE_FILE = re.compile(r"gauge_live(?:all|sum|max|min|mostrecent)_(\d+)\.db")
-# gzip's fastest level: on this text a third of level 9's CPU for 1.2x the bytes.
+# gzip's fastest level: on this text 7 ms against level 9's 47 ms (5,000 jobs), 1.1x the bytes.
 _GZIP_LEVEL = 1
 
 
@@ -55,12 +54,12 @@ class Exposition:
         self._made: dict[tuple[str, bool], tuple[float, bytes]] = {}
         self._making: dict[tuple[str, bool], _Making] = {}
 
-    async def __call__(self, request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        gzipped = "gzip" in request.headers.get("accept-encoding", "")
-        body = await self.body(encoder, content_type, gzipped)
-        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else None
-        return Response(body, headers=headers, media_type=content_type)
+    async def answer(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool]:
+        """For a scrape's Accept and Accept-Encoding: the body, its content type,
+        and whether it is gzipped."""
+        encoder, content_type = choose_encoder(accept)
+        gzipped = "gzip" in accept_encoding
+        return await self.body(encoder, content_type, gzipped), content_type, gzipped
 
     async def body(
         self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzipped: bool

@@ -176,14 +176,26 @@ class Metrics:
         served again for ``max_age``. Pass the app's own auth with
         ``app.include_router(metrics.router(), dependencies=[...])``.
         """
-        from fastapi import APIRouter, Response
+        from fastapi import APIRouter, Request, Response
 
         if self._exposition is None:
             self._exposition = Exposition(self._render, self.max_age, self.multiprocess)
+        exposition = self._exposition
+
+        async def scrape(request: Request) -> Response:
+            headers = request.headers
+            body, content_type, gzipped = await exposition.answer(
+                headers.get("accept", ""), headers.get("accept-encoding", "")
+            )
+            encoded = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else None
+            return Response(body, headers=encoded, media_type=content_type)
+
+        # FastAPI reads the types from here (the names are not this module's globals).
+        scrape.__annotations__ = {"request": Request, "return": Response}
         router = APIRouter()
         router.add_api_route(
             path,
-            self._exposition.__call__,
+            scrape,
             methods=["GET"],
             include_in_schema=False,
             response_class=Response,
