@@ -10,7 +10,9 @@ Variants (each server a fresh process):
 - ``router``: this tree, ``app.include_router(metrics.router())`` (rendered in a
   worker thread, cached for ``max_age``);
 - ``router_by_job``: the same with ``instrument(histograms_by_job=True)``;
-- ``unscraped`` (requests only): the ``router`` app, never scraped.
+- ``unscraped`` (requests only): the ``router`` app, never scraped;
+- ``multiprocess`` (cost only): the ``router`` app in prometheus_client's
+  multiprocess mode (one process; the counts read from its files).
 
 ``cost``: N jobs at 1 h that each ran once at startup (so every series exists
 and nothing else runs), scraped 5 times in process as Prometheus asks
@@ -46,6 +48,7 @@ CLIENT = [sys.executable, "-m", "bench.scrapes", "client"]
 VARIANTS = ("before", "mount", "router", "router_by_job")
 # For the requests: the router's app, never scraped (what the jobs alone cost).
 UNSCRAPED = "unscraped"
+MULTIPROCESS = "multiprocess"
 # What Prometheus 2.x and 3.x send (prometheus_client offers no protobuf).
 PROMETHEUS_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
@@ -76,6 +79,10 @@ def make_app() -> Any:
         schedule = Every(hours=1) if hourly else Every(seconds=1)
         scheduler.add_job(job, schedule, name=f"job{i}", run_on_startup=hourly)
     registry = CollectorRegistry()
+    if variant == MULTIPROCESS:
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     max_age = float(os.environ.get("BENCH_MAX_AGE", MAX_AGE))
     app = FastAPI(lifespan=scheduler.lifespan)
     if variant in ("before", "mount"):
@@ -94,7 +101,7 @@ def make_app() -> Any:
 
 
 def _path(variant: str) -> str:
-    variant = "router" if variant == UNSCRAPED else variant
+    variant = "router" if variant in (UNSCRAPED, MULTIPROCESS) else variant
     return "/metrics/" if variant in ("before", "mount") else "/metrics"
 
 
@@ -166,6 +173,8 @@ async def _cost(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
     logging.disable(logging.INFO)  # the start's line per job
     os.environ.update(BENCH_JOBS=str(jobs), BENCH_VARIANT=variant, BENCH_HOURLY="1")
     os.environ["BENCH_MAX_AGE"] = "0.1"  # every scrape here renders (none is served cached)
+    if variant == MULTIPROCESS:  # before prometheus_client is imported: it reads it then
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench_prometheus_")
     app = make_app()
     path = _path(variant)
     async with LifespanManager(app, startup_timeout=None, shutdown_timeout=None) as manager:
@@ -321,6 +330,9 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
                 runs.setdefault((n, UNSCRAPED), []).append(
                     serve_and_scrape(n, UNSCRAPED, rate, seconds, 0.0, ROOT)
                 )
+                costs.setdefault((n, MULTIPROCESS), []).append(
+                    _cost_in_process(n, MULTIPROCESS, ROOT)
+                )
     finally:
         shutil.rmtree(old)
     lines = [
@@ -332,7 +344,7 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        for variant in VARIANTS:
+        for variant in (*VARIANTS, MULTIPROCESS):
             c = costs[n, variant]
             med = {k: statistics.median(r[k] for r in c) for k in c[0] if k not in ("variant",)}
             lines.append(
