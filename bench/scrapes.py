@@ -312,6 +312,7 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
     """Each (jobs, variant) ``rounds`` times, rounds interleaved; medians."""
     sizes = [200] if quick else [1000, 5000]
     rate, seconds, every, rounds = (50.0, 4.0, 1.0, 1) if quick else (200.0, 30.0, 5.0, 3)
+    loads = [os.getloadavg()[0]]
     old = _tree(before)
     try:
         cwd = {v: old if v == "before" else ROOT for v in (*VARIANTS, UNSCRAPED)}
@@ -333,9 +334,13 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
                 costs.setdefault((n, MULTIPROCESS), []).append(
                     _cost_in_process(n, MULTIPROCESS, ROOT)
                 )
+                loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(old)
     lines = [
+        "(Load average at the start and after each round's size, other processes' "
+        f"included: {', '.join(f'{load:.1f}' for load in loads)}, on {os.cpu_count()} cores.)",
+        "",
         f"Scrape cost in process (N jobs at 1 h, each run once; {rounds} rounds × 5 scrapes, "
         "medians), as Prometheus asks (OpenMetrics, gzip):",
         "",
@@ -359,8 +364,8 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
         f"scraped every {every:.0f} s as Prometheus asks ({rounds} rounds, medians of each "
         "round's figures):",
         "",
-        "| jobs | variant | p50 ms | p99 ms | max ms | scrape ms (median) |",
-        "|---|---|---|---|---|---|",
+        "| jobs | variant | p50 ms | p99 ms | p99 ms, each round | max ms | scrape ms (median) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         for variant in (UNSCRAPED, *VARIANTS):
@@ -370,7 +375,10 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
             top = statistics.median(max(x["latencies"]) for x in r)
             scraped = [statistics.median(x["scrape_ms"]) for x in r if x["scrape_ms"]]
             scrape = f"{statistics.median(scraped):.0f}" if scraped else "-"
-            lines.append(f"| {n:,} | {variant} | {p50:.2f} | {p99:.2f} | {top:.1f} | {scrape} |")
+            each = ", ".join(f"{_p99(x['latencies']):.1f}" for x in r)
+            lines.append(
+                f"| {n:,} | {variant} | {p50:.2f} | {p99:.2f} | {each} | {top:.1f} | {scrape} |"
+            )
     return lines
 
 

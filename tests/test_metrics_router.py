@@ -12,17 +12,18 @@ import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Header, HTTPException
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from fastapi_jobs import Every, Scheduler
 from fastapi_jobs import metrics as metrics_module
-from fastapi_jobs._scrape import forget_dead_processes
+from fastapi_jobs._scrape import Exposition, forget_dead_processes
 from fastapi_jobs.metrics import Metrics, instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
@@ -145,6 +146,23 @@ async def test_the_cluster_figures_are_written_as_prometheus_client_writes_them(
             answer = await client.get("/metrics", headers={"Accept": accept})
             assert answer.content == encoder(registry)
             assert "fastapi_jobs_cluster_running" in answer.text
+
+
+async def test_the_router_takes_the_apps_own_auth() -> None:
+    """include_router(metrics.router(), dependencies=[...]) guards /metrics."""
+
+    def token(authorization: Annotated[str, Header()] = "") -> None:
+        if authorization != "Bearer scrape-token":
+            raise HTTPException(401, "send the scrape token")
+
+    metrics = instrument(Scheduler(), CollectorRegistry())
+    app = FastAPI()
+    app.include_router(metrics.router(), dependencies=[Depends(token)])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/metrics")).status_code == 401
+        allowed = await client.get("/metrics", headers={"Authorization": "Bearer scrape-token"})
+        assert allowed.status_code == 200 and "fastapi_jobs_scheduler_running 0.0" in allowed.text
 
 
 async def test_the_figures_are_written_with_turns_of_the_event_loop_in_between(
@@ -301,6 +319,25 @@ def test_ended_workers_live_gauges_are_marked_dead_and_their_counts_kept(
         for process in (killed, alive):
             process.kill()
             process.communicate()
+
+
+async def test_each_rendering_first_marks_ended_workers_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In multiprocess mode the router's scrape drops an ended worker's live
+    gauges before prometheus_client reads the files."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    ended = _worker(tmp_path, "exit")
+    ended.communicate()
+    seen: list[list[str]] = []
+
+    async def render(encoder: Callable[[CollectorRegistry], bytes], kind: str) -> list[bytes]:
+        seen.append(sorted(os.listdir(tmp_path)))
+        return [b""]
+
+    exposition = Exposition(render, max_age=1, multiprocess=True)
+    await exposition.answer("", "")
+    assert seen == [[f"counter_{ended.pid}.db"]]
 
 
 def poll_until_zombie(pid: int) -> None:
