@@ -165,16 +165,26 @@ class _Stalls:
 
 
 async def _cost(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
-    import gzip
     import logging
-
-    from asgi_lifespan import LifespanManager
 
     logging.disable(logging.INFO)  # the start's line per job
     os.environ.update(BENCH_JOBS=str(jobs), BENCH_VARIANT=variant, BENCH_HOURLY="1")
     os.environ["BENCH_MAX_AGE"] = "0.1"  # every scrape here renders (none is served cached)
     if variant == MULTIPROCESS:  # before prometheus_client is imported: it reads it then
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench_prometheus_")
+        files = tempfile.mkdtemp(prefix="bench_prometheus_")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = files
+    try:
+        return await _measure(jobs, variant, scrapes)
+    finally:
+        if variant == MULTIPROCESS:
+            shutil.rmtree(files)
+
+
+async def _measure(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
+    import gzip
+
+    from asgi_lifespan import LifespanManager
+
     app = make_app()
     path = _path(variant)
     async with LifespanManager(app, startup_timeout=None, shutdown_timeout=None) as manager:
