@@ -28,7 +28,7 @@ from fastapi.security import (
     HTTPBasicCredentials,
     HTTPBearer,
 )
-from prometheus_client import CollectorRegistry, make_asgi_app
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, delete, func, select
 from sqlalchemy.exc import DBAPIError
@@ -164,10 +164,11 @@ app.include_router(scheduler.router, dependencies=[Depends(require_admin)])
 app.include_router(scheduler.control_router(dependencies=[Depends(require_admin)]))
 
 # Prometheus scrapes /metrics (in production: a port or path your proxy keeps
-# private). A registry of its own: the app's other metrics may share it.
+# private, or the router's dependencies=[...]). A registry of its own: the app's
+# other metrics may share it. The router writes the jobs' figures a slice at a
+# time, so a scrape does not hold the app's requests.
 registry = CollectorRegistry()
-metrics.instrument(scheduler, registry)
-app.mount("/metrics", make_asgi_app(registry))
+app.include_router(metrics.instrument(scheduler, registry).router())
 # A span per run, in whatever tracing the app sets up (opentelemetry-instrument,
 # or the SDK configured at startup); the API's no-op until then.
 tracing.instrument(scheduler)

@@ -135,7 +135,9 @@ async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_ser
         )
         assert pressed.status_code == 303
         assert (await client.get("/jobs/send_digest", headers=ADMIN)).json()["paused"]
-        scraped = (await client.get("/metrics/")).text
+        metrics = await client.get("/metrics")
+    assert metrics.status_code == 200  # at /metrics itself, not a redirect to /metrics/
+    scraped = metrics.text
     assert 'fastapi_jobs_interval_seconds{job_name="expire_sessions"} 60.0' in scraped
     assert 'fastapi_jobs_paused{job_name="send_digest"} 1.0' in scraped
 

@@ -4,6 +4,8 @@ through the app's own /metrics."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import time
 from contextlib import closing
@@ -17,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_jobs import ConfigurationError, Cron, Ended, Every, JobContext, Scheduler
-from fastapi_jobs.metrics import instrument
+from fastapi_jobs.metrics import DURATION_BUCKETS, LATENESS_BUCKETS, instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .cluster import App, rows
@@ -91,12 +93,16 @@ async def test_this_processs_figures_come_from_the_schedulers_own_counts() -> No
     assert value(samples, "skipped_ticks_total", job_name="held", reason="paused") == 2
     assert value(samples, "paused", job_name="held") == 1
     assert value(samples, "paused", job_name="fine") == 0
-    # Histograms: one sample per run; a tick's run starts on time on a virtual clock.
+    # Durations: a summary per job (count and sum), one sample per run ended.
     assert value(samples, "run_duration_seconds_count", job_name="fine") == 2
     assert value(samples, "run_duration_seconds_count", job_name="slow") == 1
     assert value(samples, "run_duration_seconds_sum", job_name="slow") == pytest.approx(2700)
-    assert value(samples, "run_lateness_seconds_count", job_name="fine") == 2
-    assert value(samples, "run_lateness_seconds_bucket", job_name="fine", le="0.001") == 2
+    assert value(samples, "run_duration_seconds_bucket", job_name="fine", le="+Inf") is None
+    # Lateness: one histogram for the process (fine, broken and stuck twice, slow
+    # once); a tick's run starts on time on a virtual clock.
+    assert value(samples, "run_lateness_seconds_count") == 7
+    assert value(samples, "run_lateness_seconds_bucket", le="0.001") == 7
+    assert value(samples, "run_lateness_seconds_count", job_name="fine") is None
     # The alert's figures: last success, interval, next tick.
     start = START.timestamp()
     assert value(samples, "last_success_timestamp_seconds", job_name="fine") == pytest.approx(
@@ -131,7 +137,41 @@ async def test_retries_are_counted_and_every_attempt_has_its_outcome() -> None:
     assert value(samples, "retries_total", job_name="flaky") == 2
     assert value(samples, "runs_total", job_name="flaky", outcome="failed") == 2
     assert value(samples, "runs_total", job_name="flaky", outcome="ok") == 1
-    assert value(samples, "run_lateness_seconds_count", job_name="flaky") == 1  # first tries
+    assert value(samples, "run_lateness_seconds_count") == 1  # first tries only
+
+
+@pytest.mark.looptime
+async def test_histograms_by_job_are_there_when_asked_for() -> None:
+    """histograms_by_job=True: durations and lateness as histograms of each job."""
+    scheduler = virtual_scheduler()
+    registry = CollectorRegistry()
+    instrument(scheduler, registry, histograms_by_job=True)
+
+    @scheduler.every(hours=1)
+    async def fine() -> None: ...
+
+    @scheduler.every(minutes=30)
+    async def slow() -> None:
+        await anyio.sleep(45 * 60)
+
+    async with scheduler.running():
+        await anyio.sleep(2 * HOUR + 60)
+        samples = scrape(registry)
+    assert value(samples, "run_duration_seconds_count", job_name="fine") == 2
+    assert value(samples, "run_duration_seconds_bucket", job_name="fine", le="0.005") == 2
+    assert value(samples, "run_duration_seconds_bucket", job_name="slow", le="900.0") == 0
+    assert value(samples, "run_duration_seconds_bucket", job_name="slow", le="3600.0") == 1
+    assert value(samples, "run_duration_seconds_sum", job_name="slow") == pytest.approx(2700)
+    assert value(samples, "run_lateness_seconds_count", job_name="fine") == 2
+    assert value(samples, "run_lateness_seconds_bucket", job_name="fine", le="0.001") == 2
+    assert value(samples, "run_lateness_seconds_count") is None
+    series = [
+        name
+        for name, labels in samples
+        if name.startswith("fastapi_jobs_run_") and dict(labels).get("job_name") == "fine"
+    ]
+    # Each bucket, +Inf, count and sum.
+    assert len(series) == len(DURATION_BUCKETS) + 3 + len(LATENESS_BUCKETS) + 3
 
 
 async def test_instrument_refuses_what_it_cannot_use() -> None:
@@ -273,7 +313,7 @@ async def test_a_store_that_is_down_from_the_start_gives_store_up_0_not_a_failed
 
 
 def scrape_http(base: str) -> Samples:
-    answer = httpx.get(base + "/metrics/", timeout=10)
+    answer = httpx.get(base + "/metrics", timeout=10)
     assert answer.status_code == 200, answer.text
     return parse(answer.text)
 
@@ -320,6 +360,42 @@ def test_multiprocess_mode_sums_the_workers_counts(tmp_path: Path, apps: list[Ap
     paused = value(samples, "skipped_ticks_total", job_name="job0", reason="paused")
     assert skipped is not None and paused  # counted where they happen, summed here
     assert value(samples, "paused", job_name="job0") == 1
+
+
+def test_a_sigkilled_workers_running_is_gone_once_it_is_respawned(
+    tmp_path: Path, apps: list[App]
+) -> None:
+    """Multiprocess mode: a worker killed mid-run leaves its live gauge file; the
+    workers mark it dead (mark_process_dead) and its running 1 is not summed."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'workers.sqlite3'}"
+    files = tmp_path / "prometheus"
+    files.mkdir()
+    app = App(
+        url,
+        workers=2,
+        JOBS=1,
+        INTERVAL=0.25,
+        RUN_SECONDS=60,  # the run outlasts the test; its lease (30 s) holds the peer off
+        TIMEOUT=1,
+        METRICS=1,
+        PROMETHEUS_MULTIPROC_DIR=files,
+    )
+    apps.append(app)
+    app.wait_started()
+    base = f"http://127.0.0.1:{app.port}"
+    wait_until(lambda: rows(url, "SELECT pid FROM runs WHERE finished IS NULL"), timeout=20)
+    [(pid,)] = rows(url, "SELECT pid FROM runs WHERE finished IS NULL")
+    assert value(scrape_http(base), "running", job_name="job0") == 1
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: app.output().count("Application startup complete") == 3, timeout=30)
+    # The respawned worker marks it dead as it starts (nothing has scraped since).
+    wait_until(lambda: f"gauge_livesum_{pid}.db" not in os.listdir(files), timeout=10)
+    # No worker runs it now (0), or none that is alive ever did (no sample).
+    assert not value(scrape_http(base), "running", job_name="job0")
+    # Its other files (counts, summed across workers) stay.
+    left = [name for name in os.listdir(files) if name.endswith(f"_{pid}.db")]
+    assert left and not [name for name in left if name.startswith("gauge_live")]
+    assert len(rows(url, "SELECT 1 FROM runs WHERE finished IS NULL")) == 1  # no peer took it
 
 
 @pytest.mark.looptime

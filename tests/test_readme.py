@@ -42,10 +42,11 @@ async def test_a_complete_readme_block_runs(
     assert isinstance(scheduler, Scheduler) and scheduler.jobs
     app = namespace.get("app")
     if isinstance(app, FastAPI):
-        paths = [getattr(route, "path", "") for route in app.routes]
         async with serve(app) as client:
-            if "/metrics" in paths:  # the metrics example: its jobs' figures there
-                scraped = (await client.get("/metrics/")).text
+            if "fastapi_jobs.metrics" in code:  # the metrics example: its jobs' figures there
+                answer = await client.get("/metrics")
+                assert answer.status_code == 200  # not a redirect to /metrics/
+                scraped = answer.text
                 for name in scheduler.jobs:
                     assert f'fastapi_jobs_interval_seconds{{job_name="{name}"}}' in scraped
             else:

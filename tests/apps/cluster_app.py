@@ -5,7 +5,7 @@ DATABASE_URL, JOBS (count), INTERVAL (s), RUN_SECONDS, LEASE, TIMEOUT,
 SHUTDOWN_TIMEOUT, CLOCK_OFFSET (s added to this process's clock), CATCH_UP (s),
 RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
 fails after recording itself), RETRIES, PAUSED (1: declared paused), EVERY_INSTANCE
-(1: unclaimed), METRICS (1: Prometheus at /metrics/, in multiprocess mode if
+(1: unclaimed), METRICS (1: Prometheus at /metrics, in multiprocess mode if
 PROMETHEUS_MULTIPROC_DIR is set), BIND_DELAY (s uvicorn is held after it logs
 startup complete, before it binds: a loaded machine, for the harness's test).
 The control router is public: the tests reach the app on localhost only.
@@ -184,12 +184,11 @@ app.include_router(scheduler.router)
 app.include_router(scheduler.control_router(public=True))
 
 if ENV.get("METRICS") == "1":
-    from prometheus_client import CollectorRegistry, make_asgi_app, multiprocess
+    from prometheus_client import CollectorRegistry, multiprocess
 
     from fastapi_jobs.metrics import instrument
 
     registry = CollectorRegistry()
     if ENV.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    instrument(scheduler, registry, max_age=0.2)
-    app.mount("/metrics", make_asgi_app(registry))
+    app.include_router(instrument(scheduler, registry, max_age=0.2).router())
