@@ -320,7 +320,15 @@ async def _run_once(
         with work:
             # With a store, running() read its pauses: an operator's pause, and
             # that of an every_instance job, as much as the declared one.
-            if not force and scheduler._paused(name):
+            paused = scheduler._paused(name)
+            if paused is None and not force:
+                logger.error(
+                    "not run: the store's pauses of job %r could not be read (is the "
+                    "database reachable?); pass --force to run it anyway",
+                    name,
+                )
+                return FAILED
+            if paused and not force:
                 logger.info(
                     "not run: job %r is paused (resume it, or pass --force to run it anyway)",
                     name,

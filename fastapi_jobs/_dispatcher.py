@@ -187,7 +187,9 @@ class Dispatcher:
             stats = runner.stats
             stats.next_run_at = nxt
             if runner.paused_until > tick:
-                runner.skipped("paused", tick)  # a pause taken elsewhere reaches the claim too
+                # A pause taken elsewhere reaches the claim too; an every_instance
+                # job whose pause the store has not told yet fails closed.
+                runner.skipped("store_unavailable" if runner.pause_unknown else "paused", tick)
                 continue
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):

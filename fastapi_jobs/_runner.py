@@ -194,6 +194,7 @@ class JobRunner:
         "leases",
         "manual",
         "observers",
+        "pause_unknown",
         "paused_until",
         "period_us",
         "stats",
@@ -245,6 +246,9 @@ class JobRunner:
         """The run asked for by hand that the task is woken for, if it is one."""
         self.paused_until = job.declared_pause
         """Ticks before this instant are skipped as paused (inf: until resumed)."""
+        self.pause_unknown = False
+        """The store's pauses are not read yet (an every_instance job, which no
+        claim guards): its ticks are skipped (``paused_until`` is inf meanwhile)."""
         self.observers: Observers | None = None
         """Told about runs and skips; None (not an empty one) when there are none."""
         # Made on the first run; claimed runs are in the store's history instead.

@@ -350,6 +350,12 @@ class Scheduler:
         self._warn_if_unclaimed_in_several_processes()
         try:
             if store is not None:
+                # What the store's pauses were is not known until it is read
+                # again (the first beat): a job that no claim guards waits for it.
+                self._pause_versions.clear()
+                for runner in runners:
+                    if runner.leases is None:
+                        runner.pause_unknown, runner.paused_until = True, math.inf
                 await store.open(self._state, self.instance)
             if self._heartbeat is not None:
                 await self._heartbeat.start()  # learn the database's time before ticking
@@ -478,8 +484,9 @@ class Scheduler:
         for runner in runners:
             if runner.in_flight:
                 self.logger.warning(
-                    "job %r was still running at the shutdown deadline (%gs): cancelling it",
+                    "job %r was still %s at the shutdown deadline (%gs): cancelling it",
                     runner.job.name,
+                    "running" if runner.stats.running else "claiming its tick",
                     self.shutdown_timeout,
                     extra={"job": runner.job.name},
                 )
@@ -643,10 +650,14 @@ class Scheduler:
         tick = runner.job.schedule.last_at_or_before(self._ticking_clock.now())
         return await self._start(name, tick, by_hand=False)
 
-    def _paused(self, name: str) -> bool:
+    def _paused(self, name: str) -> bool | None:
         """Whether ``name`` is paused here now (with a store: as the store has it,
-        from the last heartbeat, and as declared)."""
-        return self._runner(name).paused_until > self._ticking_clock.now()
+        from the last heartbeat, and as declared); None if the store's pauses
+        could not be read (for a job that no claim guards)."""
+        runner = self._runner(name)
+        if runner.pause_unknown:
+            return None
+        return runner.paused_until > self._ticking_clock.now()
 
     async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
         """Skip the ticks of ``name`` (counted as ``skipped.paused``) until
@@ -721,10 +732,14 @@ class Scheduler:
         since, and answer after it; its older rows are left out. A job it does not
         list keeps what it has (the reading may be older than the job's row)."""
         runners = self._runners
+        for runner in runners.values():
+            if runner.pause_unknown:  # the first reading since the start: now known
+                runner.pause_unknown = False
+                runner.paused_until = runner.job.declared_pause
         for name, (until, version) in pauses.items():
-            runner = runners.get(name)
-            if runner is not None:
-                self._apply_pause(runner, until, version)
+            listed = runners.get(name)
+            if listed is not None:
+                self._apply_pause(listed, until, version)
 
     def _apply_pause(self, runner: JobRunner, paused_until: float, version: int) -> None:
         name = runner.job.name
@@ -850,7 +865,7 @@ class Scheduler:
             runner.job.schedule.describe(),
             claims=runner.store is not None,
             running=runner.busy,
-            paused_until=runner.paused_until,
+            paused_until=runner.job.declared_pause if runner.pause_unknown else runner.paused_until,
             now=self._ticking_clock.now(),
         )
 

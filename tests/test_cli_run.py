@@ -20,8 +20,8 @@ from fastapi_jobs._cli import main
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .apps import cli_app
-from .cluster import ROOT, rows
-from .postgres import wait_until
+from .cluster import ROOT, rows, sync_url
+from .postgres import PostgresServer, wait_until
 
 RARE = 864_000  # 10 days: no scheduled tick comes during a test
 TARGET = "tests.apps.cluster_app:app"
@@ -144,3 +144,26 @@ def test_the_clis_retries_end_before_the_jobs_next_tick(tmp_path: Path) -> None:
     assert 2 <= attempts < 50
     assert finished < tick + 2
     assert "dropped: it would not end before the job's next tick" in failing.stderr
+
+
+def test_an_every_instance_job_whose_pauses_cannot_be_read_is_not_run(
+    postgres: PostgresServer,
+) -> None:
+    """The store's pauses table is locked while the CLI starts: it cannot tell
+    whether the every_instance job is paused (no claim would), so it does not run
+    it (exit 1, saying why) and stops within the store's timeout, not the lock's."""
+    url = postgres.url(postgres.create_database())
+    anyio.run(pause_in_store, url, "job0")  # the tables, and a pause to be missed
+    engine = sa.create_engine(sync_url(url))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("LOCK TABLE fastapi_jobs_pauses IN ACCESS EXCLUSIVE MODE"))
+            blind = cli(url, "run", TARGET, "job0", EVERY_INSTANCE=1)
+            still_locked = conn.in_transaction()
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert still_locked
+    assert blind.returncode == 1, blind.stderr
+    assert "pauses of job 'job0' could not be read" in blind.stderr
+    assert rows(url, "SELECT * FROM runs") == []

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
 
 import anyio
+import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -130,7 +131,12 @@ async def test_a_claim_held_behind_a_table_lock_past_the_timeout_is_not_made(
     store = SQLAlchemyStore(database_url, lease=1, timeout=timeout)
     await store.open({}, Instance())
     try:
-        assert await claim1(store, "warm", 1.0) == 1  # tables made, connection open
+        # Tables made, connection open: on a loaded machine the first claims may
+        # take longer than the short timeout, so warm until one is made in time.
+        warm = [await claim1(store, "warm0", 1.0)]
+        while warm[-1] != 1 and len(warm) < 20:
+            warm.append(await claim1(store, f"warm{len(warm)}", 1.0))
+        assert warm[-1] == 1, warm
         async with claims_locked(database_url, 1.5 * timeout):
             try:
                 late = await claim1(store, "digest", 100.0)
@@ -140,3 +146,35 @@ async def test_a_claim_held_behind_a_table_lock_past_the_timeout_is_not_made(
         assert await claim1(store, "digest", 100.0) == 1  # nothing was made
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("database_url", ["asyncpg", "psycopg"], indirect=True)
+async def test_a_value_the_database_refused_is_not_shown(database_url: str) -> None:
+    """A job's query fails on a bound value (a password where a number goes): the
+    drivers and PostgreSQL repeat the value in the error's first line. /jobs, the
+    run history and the page show the error's type and what went wrong, never
+    the value; the log keeps it all."""
+    store = SQLAlchemyStore(database_url, heartbeat=60)
+    scheduler = Scheduler(store=store)
+    engine = create_async_engine(database_url)
+
+    @scheduler.every(days=3650)
+    async def typed() -> None:  # asyncpg refuses the argument; psycopg sends it
+        async with engine.connect() as conn:
+            await conn.execute(sa.text("SELECT CAST(:pw AS integer)"), {"pw": "hunter2-pass"})
+
+    try:
+        async with serve(control_app(scheduler)) as client:
+            ran = await client.post("/jobs/typed/run?wait=true")
+            shown = [
+                ran.text,
+                (await client.get("/jobs/typed")).text,
+                (await client.get("/jobs/typed/runs")).text,
+                (await client.get("/jobs/ui")).text,
+            ]
+    finally:
+        await engine.dispose()
+    assert ran.json()["outcome"] == "failed"
+    assert "integer" in ran.json()["error"]["message"]  # what went wrong is said
+    for text in shown:
+        assert "hunter2" not in text

@@ -16,15 +16,27 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import ClusterView, Scheduler, StoreError
+from fastapi_jobs import ClusterView, Instance, Scheduler, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, poll, serve
 from .test_store import opened
 
 
+class Held:
+    """A lock held by another client: ``released`` once it is gone; ``release()``
+    lets it go before its time."""
+
+    def __init__(self) -> None:
+        self.released = anyio.Event()
+        self.wanted = anyio.Event()
+
+    def release(self) -> None:
+        self.wanted.set()
+
+
 @asynccontextmanager
-async def pauses_locked(url: str, seconds: float) -> AsyncIterator[None]:
+async def pauses_locked(url: str, seconds: float) -> AsyncIterator[Held]:
     """The pauses table locked by another connection from now for ``seconds``
     (PostgreSQL: ACCESS EXCLUSIVE; SQLite: the whole file, BEGIN EXCLUSIVE); the
     block is entered at once, and left once the lock is gone."""
@@ -33,27 +45,41 @@ async def pauses_locked(url: str, seconds: float) -> AsyncIterator[None]:
         assert path is not None
         with closing(sqlite3.connect(path, isolation_level=None)) as lock:
             lock.execute("BEGIN EXCLUSIVE")
+            held = Held()
             async with anyio.create_task_group() as tg:
 
                 async def unlock() -> None:
-                    await anyio.sleep(seconds)
+                    with anyio.move_on_after(seconds):
+                        await held.wanted.wait()
                     lock.execute("COMMIT")
+                    held.released.set()
 
                 tg.start_soon(unlock)
-                yield
+                try:
+                    yield held
+                except BaseException:
+                    held.release()  # a failed test does not wait out the lock
+                    raise
         return
     engine = create_async_engine(url)
     try:
         async with engine.connect() as conn:
             await conn.execute(sa.text("LOCK TABLE fastapi_jobs_pauses IN ACCESS EXCLUSIVE MODE"))
+            held = Held()
             async with anyio.create_task_group() as tg:
 
                 async def unlock() -> None:
-                    await anyio.sleep(seconds)
+                    with anyio.move_on_after(seconds):
+                        await held.wanted.wait()
                     await conn.rollback()
+                    held.released.set()
 
                 tg.start_soon(unlock)
-                yield
+                try:
+                    yield held
+                except BaseException:
+                    held.release()
+                    raise
     finally:
         await engine.dispose()
 
@@ -307,3 +333,63 @@ async def test_a_pauses_table_from_before_versions_gets_its_column(database_url:
             assert await claim1(store, "digest", 1_000.0) == 1
     finally:
         await engine.dispose()
+
+
+async def pause_first(url: str, job: str) -> None:
+    """Pause ``job`` in the store (as an operator did before this start)."""
+    store = SQLAlchemyStore(url)
+    await store.open({}, Instance())
+    try:
+        await store.pause(job, None)
+    finally:
+        await store.close()
+
+
+async def test_an_every_instance_pause_holds_while_the_store_cannot_be_read(
+    database_url: str,
+) -> None:
+    """An every_instance job paused in the store, an instance that starts while the
+    pauses cannot be read (their table locked past the timeout): no claim guards
+    that job, so it fails closed, skipping its ticks as store_unavailable until
+    the store's pauses are read, then as paused. It never runs."""
+    await pause_first(database_url, "refresh")
+    store = SQLAlchemyStore(database_url, lease=3, timeout=0.5, heartbeat=0.3)
+    scheduler = Scheduler(store=store, shutdown_timeout=2)
+    ran: list[int] = []
+
+    @scheduler.every(seconds=0.1, every_instance=True)
+    async def refresh() -> None:
+        ran.append(1)
+
+    async with pauses_locked(database_url, 1.5), scheduler.running():
+        await poll(lambda: scheduler.job_status("refresh").skipped.get("store_unavailable", 0) > 2)
+        unknown = scheduler.job_status("refresh")
+        await poll(lambda: scheduler.job_status("refresh").skipped.get("paused", 0) > 2, within=15)
+        known = scheduler.job_status("refresh")
+    assert ran == []
+    assert unknown.paused is False  # the status does not claim a pause it has not read
+    assert known.paused is True
+
+
+async def test_a_stop_is_bounded_by_the_timeout_not_by_someone_elses_lock(
+    database_url: str,
+) -> None:
+    """The pauses table stays locked by another client for far longer than the
+    store's timeout: the scheduler still stops (and closes its store) while the
+    lock is held, instead of waiting for the lock with the operations queued
+    behind it."""
+    store = SQLAlchemyStore(database_url, lease=3, timeout=0.5, heartbeat=0.3)
+    scheduler = Scheduler(store=store, shutdown_timeout=1)
+
+    @scheduler.every(seconds=0.2)
+    async def job() -> None: ...
+
+    async with scheduler.running():
+        await poll(lambda: scheduler.job_status("job").runs >= 1)
+    # The same store, started again while its table is locked for 30 s.
+    async with pauses_locked(database_url, 30) as lock:
+        async with scheduler.running():
+            await anyio.sleep(1.0)
+        stopped_while_locked = not lock.released.is_set()
+        lock.release()
+    assert stopped_while_locked

@@ -282,20 +282,40 @@ class SQLAlchemyStore:
 
     async def close(self) -> None:
         try:
-            while self._in_flight:
-                # Operations whose callers gave up; each ends by its own deadline.
-                await asyncio.wait(set(self._in_flight))
+            await self._settle_in_flight()
             if self._engine is not None and self._instance is not None and self._ready:
                 instance = self.instances.c.id == self._instance.id
-                await self._run(
-                    lambda conn: conn.execute(sa.delete(self.instances).where(instance))
+                removal = self._spawn(
+                    self._in_connection(
+                        lambda conn: conn.execute(sa.delete(self.instances).where(instance))
+                    )
                 )
+                try:
+                    await asyncio.wait_for(asyncio.shield(removal), self.timeout)
+                finally:
+                    await self._settle_in_flight()
         except Exception as exc:  # noqa: BLE001 - peers see the row go stale instead
             logger.warning("could not remove this instance's row: %r", exc)
         finally:
             if self._owned is not None:
                 await self._owned.dispose()
                 self._owned = None
+
+    async def _settle_in_flight(self) -> None:
+        """Wait for the operations whose callers gave up, for at most ``timeout``
+        (each would end by its own deadline, up to the DDL's 30 s behind a
+        lock); then cancel what is left, once, and let it close its connection.
+        A stop (the app's, the CLI's on SIGTERM) is bounded by the store's
+        timeout, not by a lock someone else holds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while self._in_flight and loop.time() < deadline:
+            await asyncio.wait(set(self._in_flight), timeout=deadline - loop.time())
+        left = set(self._in_flight)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=self.timeout)
 
     # -- claims -----------------------------------------------------------
 
