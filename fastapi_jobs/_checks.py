@@ -1,4 +1,4 @@
-"""What users pass, checked one way: durations and job names.
+"""What users pass, checked one way: durations, flags and job names.
 
 A duration is a number of seconds (int or float, never a bool) or a
 ``timedelta``; it must be finite and within the bounds of the option that
@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from ._errors import ConfigurationError, short
 
-__all__ = ["MAX_NAME", "check_name", "seconds"]
+__all__ = ["MAX_NAME", "check_name", "flag", "seconds"]
 
 _DOT_SEGMENTS = (".", "..")
 MAX_NAME = 200
@@ -56,6 +56,15 @@ def seconds(
     if result > maximum:
         raise ConfigurationError(f"{said}: too long; the most it takes is {maximum:g} seconds")
     return result
+
+
+def flag(option: str, value: object, *, context: str = "") -> bool:
+    """``value`` if it is a bool, else :class:`ConfigurationError`. A string
+    such as ``"false"`` (read from an environment variable) is true to Python:
+    taken as given, it would turn on what the user meant to turn off."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{context}{option}={short(value)}: pass True or False")
+    return value
 
 
 def check_name(name: object) -> str:

@@ -275,19 +275,20 @@ async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] |
 async def _run(scheduler: Scheduler, app: Any, name: str, force: bool) -> int:
     if name not in scheduler.jobs:
         raise UsageError(str(JobNotFoundError(name, list(scheduler.jobs))))
-    work = anyio.CancelScope()
+    # What a signal cuts: the latest of these (the app's startup, then its run).
+    stoppable = [anyio.CancelScope()]
     signalled: list[int] = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, scheduler, work, signalled)
+        tg.start_soon(_stop_on_signal, scheduler, stoppable, signalled)
         try:
-            code = await _run_once(scheduler, app, name, force, work, signalled)
+            code = await _run_once(scheduler, app, name, force, stoppable, signalled)
         finally:
             tg.cancel_scope.cancel()
     return code
 
 
 async def _stop_on_signal(
-    scheduler: Scheduler, work: anyio.CancelScope, signalled: list[int]
+    scheduler: Scheduler, stoppable: list[anyio.CancelScope], signalled: list[int]
 ) -> None:
     """SIGTERM (what Kubernetes sends a CronJob's pod) or SIGINT: the app's own
     shutdown, as uvicorn gives it. The run in flight gets ``shutdown_timeout`` to
@@ -302,7 +303,7 @@ async def _stop_on_signal(
                 signal.Signals(signum).name,
                 "as long as it takes" if timeout is None else f"{timeout:g}s",
             )
-            work.cancel()
+            stoppable[-1].cancel()
             return
 
 
@@ -311,48 +312,60 @@ async def _run_once(
     app: Any,
     name: str,
     force: bool,
-    work: anyio.CancelScope,
+    stoppable: list[anyio.CancelScope],
     signalled: list[int],
 ) -> int:
-    logger = scheduler.logger
-    triggered: TriggeredRun | None = None
-    async with scheduler._app_state(app) as state, scheduler.running(state, ticking=False):
-        with work:
-            # With a store, running() read its pauses: an operator's pause, and
-            # that of an every_instance job, as much as the declared one.
-            paused = scheduler._paused(name)
-            if paused is None and not force:
-                logger.error(
-                    "not run: the store's pauses of job %r could not be read (is the "
-                    "database reachable?); pass --force to run it anyway",
-                    name,
-                )
-                return FAILED
-            if paused and not force:
-                logger.info(
-                    "not run: job %r is paused (resume it, or pass --force to run it anyway)",
-                    name,
-                )
-                return CLAIMED_ELSEWHERE
-            try:
-                if force:
-                    triggered = await scheduler.trigger(name)
-                else:
-                    triggered = await scheduler._start_current_tick(name)
-            except JobRunningError as exc:
-                logger.info("not run: %s", exc)
-                return CLAIMED_ELSEWHERE
-            except FastAPIJobsError as exc:
-                logger.error("not run: %s", exc)
-                return FAILED
-            return _exit_code(logger, name, await triggered.wait())
+    triggered: list[TriggeredRun] = []
+    # A signal cuts the app's startup too (a lifespan stuck on its database).
+    # Once the app has started, it cuts only the run's wait: the scheduler's
+    # start (bounded by the store's timeout) ends, then its stop and the app's
+    # own shutdown run uncut, as uvicorn gives them.
+    with stoppable[0]:
+        async with scheduler._app_state(app) as state:
+            work = anyio.CancelScope()
+            stoppable.append(work)
+            async with scheduler.running(state, ticking=False):
+                with work:
+                    return await _run_started(scheduler, name, force, triggered)
     # A signal: leaving running() waited for the run (or cut it) and released it.
     stopped = 128 + signalled[0]  # the shell's code for "ended by that signal"
-    result = None if triggered is None else triggered.result()
+    result = triggered[0].result() if triggered else None
     if result is None or result.outcome == "cancelled":
-        logger.error("job %r did not run to its end: stopped by a signal", name)
+        scheduler.logger.error("job %r did not run to its end: stopped by a signal", name)
         return stopped
-    return _exit_code(logger, name, result)
+    return _exit_code(scheduler.logger, name, result)
+
+
+async def _run_started(
+    scheduler: Scheduler, name: str, force: bool, triggered: list[TriggeredRun]
+) -> int:
+    """The run, in a running scheduler (``triggered`` gets it once started)."""
+    logger = scheduler.logger
+    # With a store, running() read its pauses: an operator's pause, and that of
+    # an every_instance job, as much as the declared one.
+    paused = scheduler._paused(name)
+    if paused is None and not force:
+        logger.error(
+            "not run: the store's pauses of job %r could not be read (is the "
+            "database reachable?); pass --force to run it anyway",
+            name,
+        )
+        return FAILED
+    if paused and not force:
+        logger.info("not run: job %r is paused (resume it, or pass --force to run it anyway)", name)
+        return CLAIMED_ELSEWHERE
+    try:
+        if force:
+            triggered.append(await scheduler.trigger(name))
+        else:
+            triggered.append(await scheduler._start_current_tick(name))
+    except JobRunningError as exc:
+        logger.info("not run: %s", exc)
+        return CLAIMED_ELSEWHERE
+    except FastAPIJobsError as exc:
+        logger.error("not run: %s", exc)
+        return FAILED
+    return _exit_code(logger, name, await triggered[0].wait())
 
 
 def _exit_code(logger: logging.Logger, name: str, result: RunResult | None) -> int:

@@ -83,15 +83,15 @@ def check_until(until: object, now: float) -> float | None:
             "2026-12-01T08:00:00Z, or an offset), so every instance reads it alike"
         )
     try:
-        in_utc = until.astimezone(UTC)
-    except OverflowError:
-        in_utc = None
+        in_utc: datetime | None = until.astimezone(UTC)
+    except OverflowError:  # before year 1 or after 9999 once in UTC: long past, or too far
+        in_utc = datetime.min.replace(tzinfo=UTC) if until.year == 1 else None
     if in_utc is None or in_utc > _LATEST:
         raise ConfigurationError(
             f"until={until.isoformat()} is too far away: a pause's end is at most "
             f"{_LATEST.isoformat().replace('+00:00', 'Z')} (or pause until resumed: no until)"
         )
-    ts = until.timestamp()
+    ts = in_utc.timestamp()
     if ts <= now:
         shown = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
         raise ConfigurationError(

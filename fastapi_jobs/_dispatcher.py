@@ -124,8 +124,12 @@ class Dispatcher:
             seen = clock.now() - anyio.current_time()
             while True:
                 await anyio.sleep(WATCH_EVERY)
-                now = clock.now() - anyio.current_time()
-                if abs(now - seen) > _STEP:
+                wall = clock.now()
+                now = wall - anyio.current_time()
+                # A step back and one forward between two looks leave the offset
+                # where it was, but the timer may have gone back to sleep in
+                # between for the step's length: an overdue instant wakes it too.
+                if abs(now - seen) > _STEP or wall >= self._target - _EARLY:
                     self.kick()
                 seen = now
 

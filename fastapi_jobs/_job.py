@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ._checks import check_name, seconds
+from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._schedules import Schedule
@@ -79,6 +79,7 @@ class Job:
                     f"cannot tell the name of job {func!r}: give it one with name="
                 )
         name = check_name(name)
+        said = f"job {name!r}: "
         flags = _code_flags(func)
         if flags is None:
             is_async = _is_async(func)
@@ -97,10 +98,10 @@ class Job:
             func=func,
             schedule=schedule,
             timeout=_seconds(name, "timeout", timeout),
-            run_on_startup=bool(run_on_startup),
+            run_on_startup=flag("run_on_startup", run_on_startup, context=said),
             takes_context=_takes_context(name, func),
             is_async=is_async,
-            every_instance=bool(every_instance),
+            every_instance=flag("every_instance", every_instance, context=said),
             catch_up=_seconds(name, "catch_up", catch_up),
             retries=_retries(name, retries),
             retry_backoff=seconds(
@@ -110,8 +111,8 @@ class Job:
                 allow_zero=True,
                 maximum=MAX_BACKOFF,
             ),
-            retry_timeouts=bool(retry_timeouts),
-            paused=bool(paused),
+            retry_timeouts=flag("retry_timeouts", retry_timeouts, context=said),
+            paused=flag("paused", paused, context=said),
         )
 
 

@@ -160,14 +160,6 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         )
         return HTMLResponse(html, headers=_PAGE_HEADERS)
 
-    @router.get("/ui/{file}", name="fastapi_jobs_ui_asset", include_in_schema=False)
-    async def asset(file: str) -> Response:
-        found = ASSETS.get(file)
-        if found is None:
-            raise HTTPException(404, "no such file")
-        headers = {"Cache-Control": "public, max-age=31536000, immutable"}  # versioned: ?v=
-        return Response(found.body, media_type=found.media_type, headers=headers)
-
     @router.get("", response_model=list[JobStatus], summary="Status of every job")
     async def list_jobs() -> list[JobStatus]:
         return await scheduler.cluster_status()
@@ -207,6 +199,15 @@ def build_router(scheduler: Scheduler) -> APIRouter:
             return await scheduler.runs(name, limit=limit)
         except (JobNotFoundError, ConfigurationError, StoreError) as exc:
             _fail(exc)
+
+    # After /{name}/runs: a job named "ui" has its runs at /jobs/ui/runs.
+    @router.get("/ui/{file}", name="fastapi_jobs_ui_asset", include_in_schema=False)
+    async def asset(file: str) -> Response:
+        found = ASSETS.get(file)
+        if found is None:
+            raise HTTPException(404, "no such file")
+        headers = {"Cache-Control": "public, max-age=31536000, immutable"}  # versioned: ?v=
+        return Response(found.body, media_type=found.media_type, headers=headers)
 
     return router
 

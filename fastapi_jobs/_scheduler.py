@@ -7,14 +7,14 @@ import math
 import multiprocessing
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._checks import seconds
+from ._checks import flag, seconds
 from ._claims import Claims
 from ._clock import Clock, OffsetClock, SystemClock
 from ._control import TriggeredRun, check_limit, check_until
@@ -117,6 +117,11 @@ class Scheduler:
         self._history = history
         self.logger = logger or logging.getLogger(LIBRARY)
         self._observers = Observers(self.logger)
+        if isinstance(observers, (str, bytes)) or not isinstance(observers, Iterable):
+            raise ConfigurationError(
+                f"Scheduler(observers={short(observers)}): pass a list of observers, "
+                "e.g. observers=[MyObserver()]"
+            )
         for observer in observers:
             self._observers.add(observer)
         self.shutdown_timeout = shutdown_timeout
@@ -380,38 +385,49 @@ class Scheduler:
                         dispatcher.add(runner, first)
                 else:
                     tasks.spawn(runner)  # its task asks the store for missed ticks first
-            async with anyio.create_task_group() as tg:
-                beating, keeping, releasing, observing = (anyio.CancelScope() for _ in range(4))
-                dispatching = anyio.CancelScope()
-                if self._heartbeat is not None:
-                    tg.start_soon(_run_in, beating, self._heartbeat.run)
-                if self._leases is not None:
-                    tg.start_soon(_run_in, keeping, self._leases.run)
-                if claims is not None:
-                    tg.start_soon(_run_in, releasing, claims.run)
-                tg.start_soon(_run_in, observing, observers.run)
-                serving = [anyio.CancelScope() for _ in self._services]
-                for scope, service in zip(serving, self._services, strict=True):
-                    tg.start_soon(_run_in, scope, service)
-                tg.start_soon(tasks.run)
-                tg.start_soon(_run_in, dispatching, dispatcher.run)
-                try:
-                    yield
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        beating.cancel()
-                        for scope in serving:
-                            scope.cancel()
-                        dispatcher.stop()  # no more ticks; claims in flight run their winners
-                        await self._drain(runners, tasks, stopped)
-                        dispatching.cancel()  # a claim still stuck past the deadline
-                        await dispatcher.ended.wait()  # its claims released, as queued
-                        keeping.cancel()  # the runs in flight renewed their leases until now
-                        if claims is not None:
-                            releasing.cancel()
-                            await claims.flush()  # the releases of the last runs
-                        await observers.flush()  # the last runs' events
-                        observing.cancel()
+            body_error: BaseException | None = None
+            try:
+                async with anyio.create_task_group() as tg:
+                    beating, keeping, releasing, observing = (anyio.CancelScope() for _ in range(4))
+                    dispatching = anyio.CancelScope()
+                    if self._heartbeat is not None:
+                        tg.start_soon(_run_in, beating, self._heartbeat.run)
+                    if self._leases is not None:
+                        tg.start_soon(_run_in, keeping, self._leases.run)
+                    if claims is not None:
+                        tg.start_soon(_run_in, releasing, claims.run)
+                    tg.start_soon(_run_in, observing, observers.run)
+                    serving = [anyio.CancelScope() for _ in self._services]
+                    for scope, service in zip(serving, self._services, strict=True):
+                        tg.start_soon(_run_in, scope, service)
+                    tg.start_soon(tasks.run)
+                    tg.start_soon(_run_in, dispatching, dispatcher.run)
+                    try:
+                        yield
+                    except BaseException as exc:
+                        body_error = exc
+                        raise
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            beating.cancel()
+                            for scope in serving:
+                                scope.cancel()
+                            dispatcher.stop()  # no more ticks; claims in flight run their winners
+                            await self._drain(runners, tasks, stopped)
+                            dispatching.cancel()  # a claim still stuck past the deadline
+                            await dispatcher.ended.wait()  # its claims released, as queued
+                            keeping.cancel()  # the runs in flight renewed their leases until now
+                            if claims is not None:
+                                releasing.cancel()
+                                await claims.flush()  # the releases of the last runs
+                            await observers.flush()  # the last runs' events
+                            observing.cancel()
+            except BaseExceptionGroup as group:
+                # The block's own error comes out of the task group wrapped: give
+                # it back as raised, as ``async with`` promises.
+                if body_error is not None and group.exceptions == (body_error,):
+                    raise body_error from None
+                raise
         finally:
             self._state = self._claims = None
             if self._heartbeat is not None:
@@ -847,6 +863,7 @@ class Scheduler:
         (anyone could run or stop jobs) unless ``public=True`` says so on purpose.
         Include it beside :attr:`router`, under the same ``/jobs``.
         """
+        flag("public", public, context="control_router(): ")
         if not dependencies and not public:
             raise ConfigurationError(
                 "control_router() without dependencies would let anyone who reaches "

@@ -5,7 +5,7 @@ without one, ticks are wall-clock instants, as the README says."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -161,3 +161,25 @@ async def test_with_a_store_an_offset_jump_wakes_the_timer(tmp_path: Path) -> No
         await engine.dispose()
     assert len(ticks) == len(set(ticks))
     assert all(abs(tick.timestamp() - time.time()) < 60 for tick in ticks)
+
+
+@pytest.mark.looptime
+async def test_without_a_store_a_step_back_and_forth_between_two_looks_does_not_stall() -> None:
+    """The clock steps an hour back and, before the watcher looks again, an hour
+    forward: its offset is where it was, but the timer went back to sleep for an
+    hour in between. The watcher sees the instant overdue and wakes it."""
+    clock = SteppingClock(START + timedelta(seconds=30))  # the watcher looks at :30
+    scheduler = Scheduler(clock=clock)
+    ticks: list[float] = []
+
+    @scheduler.every(minutes=10)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(clock.now() - START.timestamp())
+
+    async with scheduler.running():
+        await anyio.sleep(560)  # 9:50 on the clock
+        clock.step(-HOUR)  # the timer wakes at 10:00 and reads 9:00 less: an hour more
+        await anyio.sleep(20)
+        clock.step(HOUR)  # 10:10, the 10:00 tick overdue; the watcher looks at 10:30
+        await anyio.sleep(WATCH_EVERY)
+    assert len(ticks) == 1 and 600 <= ticks[0] <= 610 + WATCH_EVERY, ticks

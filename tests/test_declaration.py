@@ -301,3 +301,38 @@ def test_wrong_scheduler_parts_fail_at_once(options: dict[str, Any], message: st
     """A Scheduler part of the wrong kind fails when made, not at startup."""
     with pytest.raises(ConfigurationError, match=message):
         Scheduler(**options)
+
+
+@pytest.mark.parametrize("option", ["every_instance", "paused", "run_on_startup", "retry_timeouts"])
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_a_flag_is_a_bool(option: str, value: object) -> None:
+    """A string read from the environment ("false") is true to Python: taken as
+    given, it would turn on what was meant to be off. Refused, naming the job."""
+    scheduler = Scheduler()
+    with pytest.raises(ConfigurationError, match=f"job 'job': {option}=.*pass True or False"):
+        scheduler.every(hours=1, **{option: value})(job)  # type: ignore[arg-type]
+
+
+def test_a_public_control_router_is_said_with_a_bool() -> None:
+    with pytest.raises(ConfigurationError, match="public='false': pass True or False"):
+        Scheduler().control_router(public="false")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("observers", [5, "observer", None])
+def test_observers_are_a_list(observers: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"pass a list of observers, e.g. observers=\["):
+        Scheduler(observers=observers)  # type: ignore[arg-type]
+
+
+async def test_an_error_in_the_running_block_comes_out_as_raised() -> None:
+    """``async with scheduler.running():`` gives back the block's own exception,
+    not the task group's ExceptionGroup around it."""
+    scheduler = Scheduler()
+    scheduler.every(hours=1)(job)
+    with pytest.raises(LookupError, match="the block's own") as raised:
+        async with scheduler.running():
+            raise LookupError("the block's own")
+    assert type(raised.value) is LookupError
+
+
+async def job() -> None: ...

@@ -254,6 +254,8 @@ async def test_a_pause_with_an_end_is_a_maintenance_window() -> None:
         ("2026-03-02T05:00:00", "no time zone"),
         # Past what a datetime holds in UTC: it would read back as "until resumed".
         ("9999-12-31T23:00:00-05:00", "too far away"),
+        # Before what a datetime holds in UTC: long past, not far away.
+        ("0001-01-01T00:00:00+05:00", "not in the future"),
     ],
 )
 async def test_a_pause_ending_in_the_past_or_without_a_zone_is_422(

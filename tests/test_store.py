@@ -354,6 +354,9 @@ def test_bad_store_options_fail_at_declaration() -> None:
         ({"heartbeat": 1e-9}, "heartbeat=1e-09: must be >= 0.1"),
         ({"timeout": True}, "timeout=True: not a duration"),
         ({"lease": "30"}, "lease='30': not a duration"),
+        ({"create_tables": "no"}, "create_tables='no': pass True or False"),
+        ({"table_prefix": 5}, "table_prefix=5: not a string"),
+        ({"table_prefix": "jobs\n"}, "printable characters"),
     ],
 )
 def test_store_settings_that_cannot_work_are_refused(
@@ -539,3 +542,42 @@ def test_without_sqlalchemy_the_import_says_which_extra_to_install() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg]" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg2://app:s3cret@db/app",  # no asyncio
+        "sqlite:///jobs.sqlite3",  # pysqlite
+        "mysql+aiomysql://app:s3cret@db/app",
+    ],
+)
+def test_a_url_without_an_async_driver_of_a_supported_database_is_refused(url: str) -> None:
+    """Said when the store is made, not at the first tick, with the URLs that work;
+    the password is not repeated."""
+    with pytest.raises(ConfigurationError, match=r"postgresql\+asyncpg://") as refused:
+        SQLAlchemyStore(url)
+    assert "s3cret" not in str(refused.value)
+
+
+async def test_the_longest_table_prefix_keeps_every_name_whole(database_url: str) -> None:
+    """PostgreSQL cuts a name past 63 bytes short: the longest prefix taken makes
+    every table and index under its own name, and one byte more is refused."""
+    prefix = "p" * 52
+    async with opened(database_url, table_prefix=prefix) as (store, engine):
+        assert await claim1(store, "digest", 10.0) == 1
+        await release1(store, "digest", 1, "ok", None, 0.1)
+        assert [run.outcome for run in await store.runs("digest", 10)] == ["ok"]
+        async with engine.connect() as conn:
+            tables, indexes = await conn.run_sync(
+                lambda sync: (
+                    sa.inspect(sync).get_table_names(),
+                    [index["name"] for index in sa.inspect(sync).get_indexes(f"{prefix}runs")],
+                )
+            )
+    assert {f"{prefix}{name}" for name in ("claims", "instances", "pauses", "runs")} <= set(tables)
+    assert f"ix_{prefix}runs_job" in indexes
+    with pytest.raises(ConfigurationError, match="use at most 52 bytes"):
+        SQLAlchemyStore(database_url, table_prefix=prefix + "p")
+    with pytest.raises(ConfigurationError, match="use at most 52 bytes"):
+        SQLAlchemyStore.ddl("postgresql", table_prefix="é" * 27)  # 54 bytes

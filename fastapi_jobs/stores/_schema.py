@@ -32,11 +32,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.expression import FunctionElement
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, short
 
 __all__ = [
     "Insert",
     "Tables",
+    "check_prefix",
     "claim_statement",
     "db_now",
     "db_received",
@@ -111,8 +112,32 @@ class Tables(NamedTuple):
     runs: sa.Table
 
 
+_LONGEST = "ix_{}runs_job"
+"""The longest name made with the prefix (the history's index)."""
+_MAX_NAME_BYTES = 63
+"""PostgreSQL's NAMEDATALEN - 1: it cuts longer names short (with a NOTICE),
+so two of the store's names could end alike, and none would be the name the
+store looks for."""
+
+
+def check_prefix(prefix: object, context: str = "") -> str:
+    """``prefix`` if every name made with it fits PostgreSQL's identifiers."""
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"{context}table_prefix={short(prefix)}: not a string")
+    longest = _LONGEST.format(prefix)
+    if not prefix.isprintable() or len(longest.encode("utf-8", "replace")) > _MAX_NAME_BYTES:
+        most = _MAX_NAME_BYTES - len(_LONGEST.format(""))
+        raise ConfigurationError(
+            f"{context}table_prefix={short(prefix)}: use at most {most} bytes of printable "
+            f"characters; the longest name made with it ({short(longest)}) must fit "
+            f"PostgreSQL's {_MAX_NAME_BYTES}"
+        )
+    return prefix
+
+
 def tables(prefix: str) -> Tables:
     """The store's tables, named with ``prefix``."""
+    check_prefix(prefix)
     metadata = sa.MetaData()
     claims = sa.Table(
         f"{prefix}claims",
@@ -164,7 +189,7 @@ def tables(prefix: str) -> Tables:
         sa.Column("outcome", sa.String(20), nullable=False),
         sa.Column("error", sa.Text, nullable=True),
         sa.Column("instance", sa.String(200), nullable=False),
-        sa.Index(f"ix_{prefix}runs_job", "job", "id"),
+        sa.Index(_LONGEST.format(prefix), "job", "id"),
     )
     return Tables(metadata, claims, instances, pauses, runs)
 

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateColumn
 
-from .._checks import seconds
+from .._checks import flag, seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, LeaseLostError, StoreError
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord, utc
@@ -126,6 +126,9 @@ def _in_memory(url: sa.URL) -> bool:
     )
 
 
+_ASYNC_DRIVERS = {"postgresql": ("asyncpg", "psycopg", "psycopg_async"), "sqlite": ("aiosqlite",)}
+"""The drivers the store runs on, by backend (SQLAlchemy's async ones)."""
+
 _IN_MEMORY = (
     "is an in-memory SQLite database: each process would have its own, so every "
     "process would claim every tick. Use a file (sqlite+aiosqlite:///jobs.sqlite3) "
@@ -183,6 +186,12 @@ class SQLAlchemyStore:
                 ) from None
             if _in_memory(url):
                 raise ConfigurationError(f"SQLAlchemyStore({url!r}) {_IN_MEMORY}")
+            if url.get_driver_name() not in _ASYNC_DRIVERS.get(url.get_backend_name(), ()):
+                # The URL as SQLAlchemy shows it: the password is masked.
+                raise ConfigurationError(
+                    f"SQLAlchemyStore({url!r}): use PostgreSQL or SQLite through an async "
+                    "driver: postgresql+asyncpg://, postgresql+psycopg:// or sqlite+aiosqlite:///"
+                )
         said = "SQLAlchemyStore(): "
         self.lease = seconds("lease", lease, context=said, maximum=_MAX_LEASE)
         self.timeout = seconds("timeout", timeout, context=said)
@@ -206,8 +215,8 @@ class SQLAlchemyStore:
         self.history = history
         self.history_max_age = seconds("history_max_age", history_max_age, context=said)
         self._source = engine
-        self._create_tables = create_tables
-        tables = _schema.tables(table_prefix)
+        self._create_tables = flag("create_tables", create_tables, context=said)
+        tables = _schema.tables(_schema.check_prefix(table_prefix, context=said))
         self.metadata, self.claims, self.instances = (
             tables.metadata,
             tables.claims,

@@ -7,7 +7,9 @@ RUN_ON_STARTUP (1: run the current period's tick at start), FAIL (1: every run
 fails after recording itself), RETRIES, PAUSED (1: declared paused), EVERY_INSTANCE
 (1: unclaimed), METRICS (1: Prometheus at /metrics, in multiprocess mode if
 PROMETHEUS_MULTIPROC_DIR is set), BIND_DELAY (s uvicorn is held after it logs
-startup complete, before it binds: a loaded machine, for the harness's test).
+startup complete, before it binds: a loaded machine, for the harness's test),
+STARTUP_SECONDS (s the lifespan waits after making its tables: a startup stuck;
+it creates the file STARTUP_MARK, if given, as it starts waiting).
 The control router is public: the tests reach the app on localhost only.
 
 Tables (in the app's own database, beside the store's):
@@ -100,6 +102,9 @@ async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             if attempt == 4:
                 raise
             await anyio.sleep(0.1 * (attempt + 1))
+    if ENV.get("STARTUP_MARK"):
+        await anyio.Path(ENV["STARTUP_MARK"]).touch()
+    await anyio.sleep(float(ENV.get("STARTUP_SECONDS", "0")))
     yield {"db": engine}
     await engine.dispose()
 
