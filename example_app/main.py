@@ -3,10 +3,10 @@
 SQLite by default (a file in the working directory); set DATABASE_URL to use
 another database, e.g. ``postgresql+asyncpg://user:pass@localhost/app``.
 
-The job status at /jobs and the status page at /jobs/ui are for admins: set
-JOBS_TOKEN and send it as ``Authorization: Bearer <token>``, or as the password
-(any user name) when the browser asks. Prometheus metrics are at /metrics; the
-runs are traced as soon as the app sets up an OpenTelemetry SDK.
+The job status at /jobs, the status page at /jobs/ui and the Prometheus metrics
+at /metrics are for admins: set JOBS_TOKEN and send it as ``Authorization:
+Bearer <token>``, or as the password (any user name) when the browser asks.
+The runs are traced as soon as the app sets up an OpenTelemetry SDK.
 """
 
 from __future__ import annotations
@@ -163,12 +163,15 @@ app.include_router(scheduler.router, dependencies=[Depends(require_admin)])
 # POST /jobs/{name}/run, /pause, /resume (the page's buttons): behind the same auth.
 app.include_router(scheduler.control_router(dependencies=[Depends(require_admin)]))
 
-# Prometheus scrapes /metrics (in production: a port or path your proxy keeps
-# private, or the router's dependencies=[...]). A registry of its own: the app's
-# other metrics may share it. The router writes the jobs' figures a slice at a
-# time, so a scrape does not hold the app's requests.
+# Prometheus scrapes /metrics behind the same auth: the figures name the jobs and
+# say which fail. Its scrape config sends the token, as a Bearer header
+# (`authorization: {credentials_file: /run/secrets/jobs_token}`) or as the
+# password (`basic_auth: {username: prometheus, password_file: ...}`). A registry
+# of its own: the app's other metrics may share it. The router writes the jobs'
+# figures a slice at a time, so a scrape does not hold the app's requests.
 registry = CollectorRegistry()
-app.include_router(metrics.instrument(scheduler, registry).router())
+jobs_metrics = metrics.instrument(scheduler, registry)
+app.include_router(jobs_metrics.router(), dependencies=[Depends(require_admin)])
 # A span per run, in whatever tracing the app sets up (opentelemetry-instrument,
 # or the SDK configured at startup); the API's no-op until then.
 tracing.instrument(scheduler)

@@ -537,9 +537,16 @@ class Scheduler:
         """Run one job once, now, and return how it ended.
 
         For tests and operators. The run is guarded and recorded like a
-        scheduled one (errors are returned, not raised). ``state`` defaults to
-        the running app's state (empty when the scheduler is not running).
-        Raises :class:`JobRunningError` if a run of the job is going.
+        scheduled one, retries included: what the job raises comes back on
+        ``RunResult.error``, never raised. ``state`` defaults to the running
+        app's state (empty when the scheduler is not running). No claim is
+        made, so runs on other instances do not stop it.
+
+        Raises :class:`JobNotFoundError` for an unknown name, and
+        :class:`JobRunningError` if a run of the job is going in this process
+        (or its tick is being claimed, or the thread of an earlier run has not
+        returned). A cancellation of the caller cancels the run (its status's
+        last outcome is ``cancelled``; no history entry) and goes on up.
         """
         runner = self._runner(name)
         if runner.busy:

@@ -59,7 +59,8 @@ Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
 
 SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused"]
-"""Why a tick did not run here: ``overlap``, the previous run was still going;
+"""Why a tick did not run here: ``overlap``, the previous run was still going
+(or its thread, or the previous tick's claim was still on its way to the store);
 ``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
 only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
 the tick (or still holds the previous one); ``store_unavailable``, the store

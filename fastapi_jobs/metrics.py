@@ -1,12 +1,18 @@
 """Prometheus metrics of a scheduler: ``instrument(scheduler)``.
 
 Needs prometheus_client (the extra ``[prometheus]``: ``pip install '.[prometheus]'``
-in this project's clone). Serve them
-with ``app.include_router(metrics.router())``: ``GET /metrics`` writes the
-scheduler's figures in slices, with the event loop's other work in between,
-and serves a rendering again for ``max_age`` (prometheus_client's
-``make_asgi_app`` renders the whole registry in one go on the loop: 2.4 s at
-5,000 jobs, during which no request was answered).
+in this project's clone). Serve them with the router of the :class:`Metrics`
+that ``instrument`` returns (this module has no ``router()``, so do not name
+that object ``metrics``)::
+
+    jobs_metrics = instrument(scheduler)
+    app.include_router(jobs_metrics.router())
+
+``GET /metrics`` writes the scheduler's figures in slices, with the event
+loop's other work in between, and serves a rendering again for ``max_age``
+(prometheus_client's ``make_asgi_app`` renders the whole registry in one go on
+the loop: about 0.8 s at 5,000 jobs, during which no request was answered; see
+BENCHMARKS.md).
 
 Two kinds of figures (every metric is named ``fastapi_jobs_*``; the job is the
 ``job_name`` label, as ``job`` is Prometheus's own target label):
@@ -16,7 +22,8 @@ Two kinds of figures (every metric is named ``fastapi_jobs_*``; the job is the
   nothing for them), and the run durations (a summary per job) and lateness (a
   histogram of the process; both histograms per job with
   ``histograms_by_job=True``), filled by an observer as each run ends. Under
-  ``uvicorn --workers N`` each worker reports its own; sum them in queries.
+  ``uvicorn --workers N`` each worker reports its own, and a scrape reaches one
+  worker: the multiprocess mode (below) sums them.
 * **The cluster's**, with a store: each claimed job's last success, last run
   and its outcome, running and paused, the live instances, and
   ``fastapi_jobs_store_up``. A scrape cannot wait for the database: a task of
@@ -96,8 +103,9 @@ def instrument(
     histograms_by_job: bool = False,
 ) -> Metrics:
     """Register the scheduler's metrics in ``registry`` (prometheus_client's
-    default one if None). Call once per scheduler and registry, before the app
-    starts, and serve them with ``app.include_router(metrics.router())``.
+    default one if None) and return their :class:`Metrics`. Call once per
+    scheduler and registry, before the app starts, and serve them with its
+    router: ``app.include_router(instrument(scheduler).router())``.
 
     ``max_age``: how old (seconds) the figures may be when scraped: a rendering
     is served again for that long, and with a store, the store is read that
@@ -176,7 +184,7 @@ class Metrics:
         """A router with ``GET path`` (``/metrics``): Prometheus's text format or
         OpenMetrics as the scraper asks, gzipped if it accepts it, a rendering
         served again for ``max_age``. Pass the app's own auth with
-        ``app.include_router(metrics.router(), dependencies=[...])``.
+        ``app.include_router(jobs_metrics.router(), dependencies=[...])``.
         """
         from fastapi import APIRouter, Request, Response
 

@@ -117,7 +117,8 @@ async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_ser
     database: Path,
 ) -> None:
     """A browser gets a Basic challenge for /jobs/ui (the token is the password); the
-    page's buttons post with it; Prometheus reads the jobs' figures at /metrics."""
+    page's buttons post with it; Prometheus reads the jobs' figures at /metrics with
+    the same token, and nobody reads them without it."""
     async with serve(main.app) as client:
         challenge = await client.get("/jobs/ui")
         assert challenge.status_code == 401
@@ -135,7 +136,12 @@ async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_ser
         )
         assert pressed.status_code == 303
         assert (await client.get("/jobs/send_digest", headers=ADMIN)).json()["paused"]
-        metrics = await client.get("/metrics")
+        refused = await client.get("/metrics")
+        metrics = await client.get("/metrics", headers=ADMIN)  # Prometheus's authorization:
+        by_password = await client.get("/metrics", auth=login)  # or its basic_auth
+    # The figures name the jobs and say what fails, as /jobs does: behind its auth.
+    assert refused.status_code == 401 and "fastapi_jobs" not in refused.text
+    assert by_password.status_code == 200
     assert metrics.status_code == 200  # at /metrics itself, not a redirect to /metrics/
     scraped = metrics.text
     assert 'fastapi_jobs_interval_seconds{job_name="expire_sessions"} 60.0' in scraped

@@ -3,9 +3,14 @@ their first line that they are fragments."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import re
+import subprocess
+import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -111,3 +116,161 @@ def test_the_status_example_has_every_field_the_api_answers() -> None:
     assert set(example) == set(JobStatus.model_fields)
     assert set(example["cluster"]) == set(ClusterJobStatus.model_fields)
     JobStatus.model_validate(example)  # and each value has the right shape
+
+
+def api_table() -> list[tuple[str, str]]:
+    """The README's API table: (what is called, what it is), one pair a row."""
+    table = README.partition("\n## API\n")[2].strip("\n").partition("\n\n")[0]
+    rows = []
+    for line in table.splitlines()[2:]:  # after the header
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        rows.append((cells[0], cells[1]))
+    return rows
+
+
+def _top_level(args: str) -> list[str]:
+    """``a, b=(1, 2), c=[...]`` split at its top-level commas."""
+    parts, depth, current = [], 0, ""
+    for char in args:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()] if current.strip() else parts
+
+
+def _callable(dotted: str) -> Callable[..., object]:
+    """What a name in the API table calls: ``scheduler.x`` (and the bare methods
+    written after it, ``pause``) are the Scheduler's, the rest by its full name."""
+    import fastapi_jobs.metrics
+    import fastapi_jobs.stores
+    import fastapi_jobs.tracing
+
+    known: dict[str, object] = {
+        "scheduler": Scheduler,
+        "Metrics": fastapi_jobs.metrics.Metrics,
+        "fastapi_jobs": fastapi_jobs,
+        **{name: getattr(fastapi_jobs, name) for name in fastapi_jobs.__all__},
+    }
+    first, *rest = dotted.split(".")
+    found = known.get(first, Scheduler if not rest else None)
+    assert found is not None, f"the API table names {dotted!r}, which is not known"
+    for part in rest if first in known else [first]:
+        found = getattr(found, part)
+    assert callable(found)
+    return found
+
+
+def test_the_api_table_gives_each_call_its_real_parameters() -> None:
+    """Each call in the API table's first column names only parameters the code
+    has, with the code's defaults, and (unless it says `...`) all of them: the
+    table once lacked `instrument(histograms_by_job=)`."""
+    calls: dict[str, list[list[str]]] = {}
+    for called, _ in api_table():
+        for span in re.findall(r"`([^`]+)`", called):
+            found = re.fullmatch(r"(?:await )?([\w.]+)\((.*)\)", span)
+            if found is not None:
+                calls.setdefault(found.group(1), []).append(_top_level(found.group(2)))
+    assert {"Scheduler", "scheduler.every", "fastapi_jobs.metrics.instrument"} <= set(calls)
+    for dotted, mentions in calls.items():
+        function = _callable(dotted)
+        signature = inspect.signature(function)
+        params = {
+            name: param
+            for name, param in signature.parameters.items()
+            if name != "self" and not (param.kind is param.POSITIONAL_ONLY and name[0] == "_")
+        }
+        named: set[str] = set()
+        for args in mentions:
+            for arg in args:
+                if arg == "...":
+                    continue
+                name, equals, default = arg.partition("=")
+                assert name in params, f"{dotted}(): no parameter {name!r} ({signature})"
+                named.add(name)
+                if equals and default and "..." not in default:
+                    try:
+                        value = ast.literal_eval(default)
+                    except (ValueError, SyntaxError):
+                        continue  # "30 days": words, not a literal
+                    assert params[name].default == value, f"{dotted}({arg}): {signature}"
+        if not any("..." in args for args in mentions):
+            assert named == set(params), f"{dotted}(): the table lacks {set(params) - named}"
+
+
+def test_the_api_table_names_every_public_name() -> None:
+    """Every name the package and its public modules export is in the API table."""
+    import fastapi_jobs.metrics
+    import fastapi_jobs.stores
+    import fastapi_jobs.tracing
+
+    table = " ".join(f"{called} {what}" for called, what in api_table())
+    spans = set(re.findall(r"[\w.]+", " ".join(re.findall(r"`([^`]+)`", table))))
+    words = spans | {part for span in spans for part in span.split(".")}
+    exported = [
+        *fastapi_jobs.__all__,
+        *fastapi_jobs.stores.__all__,
+        *fastapi_jobs.metrics.__all__,
+        *fastapi_jobs.tracing.__all__,
+    ]
+    assert [name for name in exported if name not in words] == []
+
+
+def test_no_snippet_rebinds_the_metrics_module() -> None:
+    """`metrics = instrument(...)` shadowed the module `fastapi_jobs.metrics`, and the
+    text then called `metrics.router()`, which the module does not have: no block
+    rebinds the name, and the README and the module's docstrings call a router
+    only on what has one."""
+    import fastapi_jobs.metrics
+
+    for block in BLOCKS:
+        assert not re.search(r"^\s*metrics\s*(?::[^=]*)?=[^=]", block, re.MULTILINE), block
+    docs = README + (ROOT / "fastapi_jobs" / "metrics.py").read_text()
+    if not hasattr(fastapi_jobs.metrics, "router"):
+        assert re.findall(r"(?<![\w.])metrics\.router\(", docs) == []
+
+
+CHILD_TASK_EXIT = """
+import asyncio, sys
+from fastapi_jobs import Every, Scheduler
+
+async def child():
+    sys.exit(3)
+
+async def main():
+    scheduler = Scheduler()
+
+    async def job():
+        if sys.argv[1] == "own":
+            await child()
+        else:
+            await asyncio.gather(child())
+
+    scheduler.add_job(job, Every(hours=1), name="job")
+    async with scheduler.running():
+        result = await scheduler.run_now("job")
+    print(result.outcome, type(result.error).__name__)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "code", "said"), [("own", 0, "failed SystemExit"), ("task", 3, "")]
+)
+def test_sys_exit_is_a_failed_run_unless_raised_in_a_task_the_job_starts(
+    where: str, code: int, said: str
+) -> None:
+    """As the Usage's Errors say: sys.exit() in the job's body is its failed run;
+    in a task the job starts, asyncio raises it out of the event loop, which ends."""
+    ran = subprocess.run(
+        [sys.executable, "-c", CHILD_TASK_EXIT, where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert (ran.returncode, ran.stdout.strip()) == (code, said), ran.stderr
