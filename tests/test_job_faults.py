@@ -118,7 +118,10 @@ async def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
     # still (a pause in CI) are counted as missed instead.
     assert after.skipped.get("overlap", 0) >= 1
     assert after.skipped.get("overlap", 0) + after.skipped.get("missed", 0) >= 4
-    assert after.failures == 1  # timed out once
+    # Timed out once; twice when the first run's thread did not even start
+    # within the 50 ms timeout (a loaded machine): then the next tick's did.
+    assert after.failures in (1, 2)
+    assert after.failures == 1 or any("it did not start" in r.getMessage() for r in caplog.records)
     assert after.last_error is not None and after.last_error.type == "TimeoutError"
     reported = [r.getMessage() for r in caplog.records]
     assert any("cannot be stopped" in m and "'blocking'" in m for m in reported)
