@@ -107,12 +107,8 @@ class GuardedRun(RunnerState):
         job, stats, clock = self.job, self.stats, self._clock
         if started is None:
             started = clock.now()
-        timeout = job.timeout
-        if until is not None:
-            timeout, until = self._bound(timeout, until, started)
-        stats.running = True
+        stats.running, stats.last_started_at = True, started
         stats.runs += 1
-        stats.last_started_at = started
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
         observers = self.observers
@@ -121,10 +117,8 @@ class GuardedRun(RunnerState):
         try:
             if not job.is_async:
                 error = await self._call_sync(self._args(tick, state, manual, fence))
-            elif timeout is not None:
-                error = await self._call_timed(
-                    timeout, until, self._args(tick, state, manual, fence)
-                )
+            elif job.timeout is not None or until is not None:
+                error = await self._call_timed(until, started, tick, state, manual, fence)
             elif job.takes_context:
                 await job.func(self._context(tick, state, manual, fence))
             else:
@@ -135,8 +129,7 @@ class GuardedRun(RunnerState):
         except BaseException as exc:
             if cancelled_from_outside(exc):
                 raise
-            # The job's own CancelledError, SystemExit, KeyboardInterrupt: a bug
-            # in the job, not a request to stop the site. Its failure, like any.
+            # The job's own CancelledError, SystemExit...: a bug in it, its failure.
             outcome, error = "failed", exc
         finally:
             finished = clock.now()
@@ -145,13 +138,10 @@ class GuardedRun(RunnerState):
             if outcome == "ok":  # stats.ended(), inlined: the hot path
                 stats.running = False
                 stats.last_finished_at = stats.last_ok_at = finished
-                stats.last_duration = duration
-                stats.last_outcome = outcome
+                stats.last_duration, stats.last_outcome = duration, outcome
                 stats.ok += 1
                 if self._parent_logger.isEnabledFor(_DEBUG):
-                    self.logger.debug(
-                        "job %r ran ok in %.3fs", job.name, duration, extra={"job": job.name}
-                    )
+                    self._ran_ok(duration)
             else:
                 self._report(outcome, error, finished, duration)
             if observers is not None:
@@ -160,14 +150,9 @@ class GuardedRun(RunnerState):
                 )
         return _new(Ran, (outcome, error, duration, started, 1))  # Ran(...) without its __new__
 
-    def _bound(
-        self, timeout: float | None, until: float, started: float
-    ) -> tuple[float | None, float | None]:
-        """The run's timeout under a retry's bound ``until``; ``until`` if it is
-        what cuts the run, else None (the job's own timeout comes first)."""
-        if self.job.is_async and (timeout is None or until - started < timeout):
-            return max(0.0, until - started), until
-        return timeout, None
+    def _ran_ok(self, duration: float) -> None:
+        name = self.job.name
+        self.logger.debug("job %r ran ok in %.3fs", name, duration, extra={"job": name})
 
     def _tell_started(
         self,
@@ -183,11 +168,23 @@ class GuardedRun(RunnerState):
         observers.started(self.job.name, tick, started, attempt, manual, fence, asked_from)
 
     async def _call_timed(
-        self, limit: float, until: float | None, args: tuple[JobContext, ...]
+        self,
+        until: float | None,
+        started: float,
+        tick: float,
+        state: Mapping[str, Any],
+        manual: bool,
+        fence: int | None,
     ) -> TimeoutError | None:
-        """Run the async job, cut after ``limit`` seconds: a TimeoutError if it was."""
+        """Run the async job, cut at its timeout, or at ``until`` (a retry's
+        bound) if that comes first: a TimeoutError if it was cut."""
+        limit = self.job.timeout
+        if until is not None and (limit is None or until - started < limit):
+            limit = max(0.0, until - started)
+        else:
+            until = None  # the job's own timeout comes first
         with anyio.move_on_after(limit) as scope:
-            await self.job.func(*args)
+            await self.job.func(*self._args(tick, state, manual, fence))
         if not scope.cancel_called:
             return None
         return TimeoutError(
