@@ -7,7 +7,6 @@ event loop's clock is fast-forwarded but ``time.time()`` is not.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -15,17 +14,11 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 
+# anyio.sleep finds the running library on every call (~1.2 µs, a tenth of a
+# tick's whole cost): asyncio's own sleep on asyncio.
+from ._concurrency import sleep as _sleep
+
 __all__ = ["Clock", "LoopClock", "OffsetClock", "SystemClock"]
-
-
-def _sleep(delay: float) -> Awaitable[None]:
-    # anyio.sleep finds the running library on every call (~1.2 µs, a tenth of
-    # a tick's whole cost): on asyncio, hand back asyncio's own sleep.
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return anyio.sleep(delay)
-    return asyncio.sleep(delay)
 
 
 @runtime_checkable

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ._errors import ConfigurationError, short
-from ._runner import Manual, RunResult
+from ._results import Manual, RunResult
 
 __all__ = ["MAX_RUNS", "TriggeredRun", "check_limit", "check_until"]
 
@@ -55,17 +55,7 @@ class TriggeredRun:
     def result(self) -> RunResult | None:
         """How the run ended, once :attr:`done` (None if it never ran to an end
         here); None while it goes."""
-        ran = self._manual.ran
-        if ran is None:
-            return None
-        return RunResult(
-            name=self.name,
-            outcome=ran.outcome,
-            tick=self.tick,
-            duration_s=ran.duration,
-            error=ran.error,
-            attempts=ran.attempts,
-        )
+        return self._manual.result(self.name, self.tick)
 
 
 def check_until(until: object, now: float) -> float | None:

@@ -17,20 +17,18 @@ its cancel scopes stay the job's own.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import math
 from collections.abc import Callable, Coroutine, Iterator
-from functools import partial
 from itertools import islice
 from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
 from ._claims import Claims
 from ._clock import Clock
+from ._concurrency import backend
 from ._runner import JobRunner
 
 __all__ = ["SLICE", "WATCH_EVERY", "Dispatcher"]
@@ -49,16 +47,6 @@ _STEP = 1.0
 # sleeps on the monotonic clock); closer than this counts as on time.
 _EARLY = 0.001
 _US = 1_000_000
-
-
-def _checkpoint() -> Callable[[], Coroutine[Any, Any, None]]:
-    """A turn of the event loop: ``asyncio.sleep(0)`` on asyncio (anyio's
-    checkpoint finds the running library on every call)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return anyio.lowlevel.checkpoint
-    return partial(asyncio.sleep, 0)
 
 
 class Dispatcher:
@@ -94,7 +82,7 @@ class Dispatcher:
         then waits for the claims in flight (their winners run). Sets
         :attr:`ended` when it returns, however it does."""
         clock, instants, buckets = self._clock, self._instants, self._buckets
-        checkpoint = _checkpoint()
+        checkpoint = backend().checkpoint  # a turn of the loop: asyncio.sleep(0) on asyncio
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg

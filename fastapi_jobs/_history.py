@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ._status import ErrorInfo, Outcome, RunRecord, utc
 
 if TYPE_CHECKING:
-    from ._runner import Ran
+    from ._results import Ran
 
 __all__ = ["History", "run_id"]
 

@@ -555,14 +555,7 @@ class Scheduler:
             state = self._state if self._state is not None else {}
         tick = self.clock.now()
         ran = await runner.attempts(tick, state, Manual())
-        return RunResult(
-            name=name,
-            outcome=ran.outcome,
-            tick=datetime.fromtimestamp(tick, UTC),
-            duration_s=ran.duration,
-            error=ran.error,
-            attempts=ran.attempts,
-        )
+        return RunResult.of(name, datetime.fromtimestamp(tick, UTC), ran)
 
     # -- operating --------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Status: plain data about each job, kept by its loop and read by the router.
 
 The loop writes a few floats and ints per run into :class:`JobStats` (cheap on
-the hot path); :class:`JobStatus` is the read-only snapshot built on demand.
+the hot path), through :meth:`JobStats.ended` for how each run ended;
+:class:`JobStatus` is the read-only snapshot built on demand. How a run can end
+(``Outcome``, ``SkipReason``) is defined in ``_results``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from ._results import Outcome, SkipReason
 
 __all__ = [
     "ClusterJobStatus",
@@ -53,19 +57,6 @@ def _hide_values(line: str) -> str:
     line = _WRAPPED.sub("", line)
     line = _ARGUMENT.sub(r"\1… ", line)
     return _QUOTED.sub(lambda m: f"{m.group(0)[0]}…{m.group(0)[0]}", line)
-
-
-Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
-"""How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
-
-SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused"]
-"""Why a tick did not run here: ``overlap``, the previous run was still going
-(or its thread, or the previous tick's claim was still on its way to the store);
-``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
-only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
-the tick (or still holds the previous one); ``store_unavailable``, the store
-could not be reached, so the tick was skipped (fail closed); ``paused``, the
-job was paused."""
 
 
 class ErrorInfo(BaseModel):
@@ -298,6 +289,31 @@ class JobStats:
         self.last_outcome: Outcome | None = None
         self.last_error: BaseException | None = None
         self.skipped: dict[str, int] | None = None  # made on the first skip: most jobs never skip
+
+    def ended(
+        self, outcome: Outcome, error: BaseException | None, finished: float, duration: float
+    ) -> None:
+        """A run ended as ``outcome``: the one writer of the per-outcome counts
+        (the guarded run inlines the ``ok`` branch: the hot path). ``error``: a
+        failed run's exception, a timed-out one's ``TimeoutError``, a run cut by
+        a lost lease its ``LeaseLostError`` (None for one cut by shutdown: the
+        previous error stays visible)."""
+        self.running = False
+        self.last_finished_at = finished
+        self.last_duration = duration
+        self.last_outcome = outcome
+        if outcome == "ok":
+            self.ok += 1
+            self.last_ok_at = finished
+            return
+        if outcome == "cancelled":
+            self.cancelled += 1
+        else:
+            self.failures += 1
+            if outcome == "timed_out":
+                self.timeouts += 1
+        if error is not None:
+            self.last_error = error
 
     def skip(self, reason: SkipReason, count: int = 1) -> None:
         if self.skipped is None:

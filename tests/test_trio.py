@@ -4,14 +4,33 @@ anyio tasks, each in its own cancel scope."""
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import anyio
 import pytest
+import trio.testing
 
 from fastapi_jobs import JobContext, Scheduler, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from . import (
+    test_clock_steps,
+    test_dispatcher,
+    test_job_faults,
+    test_lifespan,
+    test_loop,
+    test_metrics,
+    test_observe,
+    test_operate,
+    test_router,
+    test_run_now,
+    test_tracing,
+)
 from .conftest import poll
 
 
@@ -123,3 +142,111 @@ def test_trigger_pause_and_retries_on_trio() -> None:
     anyio.run(main, backend="trio")
     assert runs[0] is True and runs[1:] and not any(runs[1:])
     assert scheduler.job_status("ticking").skipped["paused"] >= 3
+
+
+# -- the core's tests, again on trio ---------------------------------------------
+#
+# Each async test of these modules (lifecycle, job faults and timeouts,
+# shutdown, the loop, run_now, trigger/pause/resume, retries) is collected here
+# a second time and run by anyio on trio: the same assertions, the other
+# backend. Where looptime drives asyncio's clock, trio's own virtual clock
+# does (``MockClock`` jumping to the next deadline whenever every task waits);
+# ``looptime(False)`` tests run in real time here too. Tests that need the
+# store (SQLAlchemy's async engine is asyncio's) or reach for asyncio itself are
+# left out, each with why.
+
+_CORE = (
+    test_lifespan,
+    test_loop,
+    test_job_faults,
+    test_run_now,
+    test_operate,
+    test_dispatcher,
+    test_clock_steps,
+    test_observe,
+    test_tracing,
+    test_metrics,
+    test_router,
+)
+_ASYNCIO_ONLY = {
+    "job_faults.test_a_job_raising_a_base_exception_fails_that_run_only[CancelledError]": (
+        "raises asyncio.CancelledError itself"
+    ),
+    "job_faults.test_a_job_awaiting_a_future_cancelled_elsewhere_fails_and_ticks_on": (
+        "awaits an asyncio future"
+    ),
+    "job_faults.test_shutdown_ends_even_when_a_job_ignores_cancellation": (
+        "swallows asyncio.CancelledError: trio's cancellation cannot be swallowed"
+    ),
+    "dispatcher.test_a_burst_is_woken_in_slices_with_turns_of_the_loop_between": (
+        "probes the turns of the loop with asyncio tasks"
+    ),
+    "dispatcher.test_hourly_jobs_have_no_task_before_their_first_tick": (
+        "counts asyncio.all_tasks()"
+    ),
+    "clock_steps.test_with_a_store_an_offset_jump_wakes_the_timer": "a SQLite store",
+    "clock_steps.test_without_a_store_ticks_follow_the_wall_clock": (
+        "no margin past the watcher's wake-up, which comes at the instant its check "
+        "does: asyncio runs the two in the order they slept, trio in a random one"
+    ),
+    "tracing.test_a_claimed_runs_span_has_its_fence": "a SQLite store",
+    "metrics.test_cluster_figures_come_from_the_store_and_a_locked_database_gives_store_up_0": (
+        "a SQLite store"
+    ),
+    "metrics.test_a_store_that_is_down_from_the_start_gives_store_up_0_not_a_failed_scrape": (
+        "a SQLite store"
+    ),
+}
+_NEEDS_ASYNCIO = ("postgres", "database_url", "cluster_url")  # a store's fixtures
+
+
+def _virtual(module: ModuleType, test: Callable[..., Any]) -> bool:
+    in_module = getattr(module, "pytestmark", [])
+    if not isinstance(in_module, list):
+        in_module = [in_module]
+    marks = [*in_module, *getattr(test, "pytestmark", [])]
+    looptime = [mark for mark in marks if mark.name == "looptime"]
+    return bool(looptime) and looptime[-1].args != (False,)
+
+
+def _on_trio(test: Callable[..., Coroutine[Any, Any, None]], virtual: bool) -> Callable[..., None]:
+    @functools.wraps(test)  # its name, its marks (parametrize) and its fixtures
+    def on_trio(*args: Any, **kwargs: Any) -> None:
+        options = {"clock": trio.testing.MockClock(autojump_threshold=0)} if virtual else {}
+        anyio.run(functools.partial(test, *args, **kwargs), backend="trio", backend_options=options)
+
+    return on_trio
+
+
+def _marks(test: Callable[..., Any], key: str) -> list[pytest.Mark]:
+    """The test's own marks, but looptime's (trio has its own clock) and the
+    parameters that are asyncio's only."""
+    marks = []
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "looptime":
+            continue
+        if mark.name == "parametrize" and "ids" in mark.kwargs:
+            kept = [
+                (value, id_)
+                for value, id_ in zip(mark.args[1], mark.kwargs["ids"], strict=True)
+                if f"{key}[{id_}]" not in _ASYNCIO_ONLY
+            ]
+            mark = pytest.mark.parametrize(
+                mark.args[0], [value for value, _ in kept], ids=[id_ for _, id_ in kept]
+            ).mark
+        marks.append(mark)
+    return marks
+
+
+for _module in _CORE:
+    _short = _module.__name__.rpartition(".")[2].removeprefix("test_")
+    for _name, _test in vars(_module).items():
+        if not _name.startswith("test_") or not inspect.iscoroutinefunction(_test):
+            continue
+        if f"{_short}.{_name}" in _ASYNCIO_ONLY:
+            continue
+        if any(p in _NEEDS_ASYNCIO for p in inspect.signature(_test).parameters):
+            continue
+        _variant = _on_trio(_test, _virtual(_module, _test))
+        _variant.pytestmark = _marks(_test, f"{_short}.{_name}")  # type: ignore[attr-defined]
+        globals()[f"test_{_short}__{_name.removeprefix('test_')}__on_trio"] = _variant

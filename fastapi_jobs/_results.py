@@ -1,0 +1,102 @@
+"""How a run ended, in one place: its outcome, why a tick did not run, what a
+run hands back, and what ``run_now`` / ``trigger(...).wait()`` return.
+
+A run is the guarded run's (``_guarded``) to end: it makes the :class:`Ran`
+of each attempt, a tick's runs (``_tick_runs``) fold retries into one, and
+the history, the store's release and a caller asking by hand read that one
+value. :class:`RunResult` is the public face of a :class:`Ran`, made here
+only (:meth:`RunResult.of`). The per-job counters a run moves live in
+:class:`~fastapi_jobs._status.JobStats`, whose :meth:`ended` is their writer.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+import anyio
+
+from ._errors import LeaseLostError
+
+__all__ = ["Manual", "Outcome", "Ran", "RunResult", "SkipReason", "lease_lost"]
+
+Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
+"""How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
+
+SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused"]
+"""Why a tick did not run here: ``overlap``, the previous run was still going
+(or its thread, or the previous tick's claim was still on its way to the store);
+``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
+only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
+the tick (or still holds the previous one); ``store_unavailable``, the store
+could not be reached, so the tick was skipped (fail closed); ``paused``, the
+job was paused."""
+
+
+class Ran(NamedTuple):
+    """How one run (or a tick's runs, retries included) ended."""
+
+    outcome: Outcome
+    error: BaseException | None
+    duration: float
+    started: float
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What :meth:`Scheduler.run_now` returns: how one run ended."""
+
+    name: str
+    outcome: Outcome
+    tick: datetime
+    duration_s: float
+    error: BaseException | None
+    """The exception of a failed run (a ``TimeoutError`` for a timed-out one)."""
+    attempts: int = 1
+    """Runs it took: 1, plus the retries."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    @classmethod
+    def of(cls, name: str, tick: datetime, ran: Ran) -> RunResult:
+        """What the caller of ``run_now`` or of a trigger sees of ``ran``."""
+        return cls(
+            name=name,
+            outcome=ran.outcome,
+            tick=tick,
+            duration_s=ran.duration,
+            error=ran.error,
+            attempts=ran.attempts,
+        )
+
+
+class Manual:
+    """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
+
+    __slots__ = ("asked_from", "done", "ran")
+
+    def __init__(self) -> None:
+        self.ran: Ran | None = None
+        """How it ended; None until :attr:`done` (and for a cancelled run)."""
+        self.done = anyio.Event()
+        self.asked_from = contextvars.copy_context()
+        """The caller's context (its request, its span), for the observers."""
+
+    def result(self, name: str, tick: datetime) -> RunResult | None:
+        """How the run ended, once :attr:`done`; None while it goes, and if it
+        never ran to an end here (the app stopped first, or its lease was lost)."""
+        ran = self.ran
+        return None if ran is None else RunResult.of(name, tick, ran)
+
+
+def lease_lost(reason: str, *, while_running: bool) -> LeaseLostError:
+    """The error a job's status shows once its claim's lease is lost: why, and
+    whether a run was cut (or only the retries that would have followed)."""
+    if while_running:
+        return LeaseLostError(f"lease lost: {reason}; the run was cancelled")
+    return LeaseLostError(f"lease lost: {reason}; no more retries")
