@@ -27,7 +27,7 @@ from ._page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, notice_url, render
 from ._status import ErrorInfo, InstanceStatus, JobStatus, Outcome, PauseState, RunRecord
 
 if TYPE_CHECKING:
-    from ._scheduler import Scheduler
+    from ._seam import Seam
 
 __all__ = ["build_control_router", "build_router"]
 
@@ -116,7 +116,7 @@ _PAGE_HEADERS = {
 }
 
 
-def build_router(scheduler: Scheduler) -> APIRouter:
+def build_router(seam: Seam) -> APIRouter:
     router = APIRouter(prefix="/jobs", tags=["jobs"])
 
     # Before /{name}, which would take "ui" for a job's name.
@@ -127,14 +127,14 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         job: str | None = None,
         q: Annotated[str, Query(max_length=MAX_NAME)] = "",
     ) -> Response:
-        view = await scheduler.cluster()
-        statuses = scheduler._statuses(view)
+        view = await seam.cluster()
+        statuses = seam.statuses(view)
         # The jobs whose name holds q, at most PAGE_JOBS: a page (and its charts'
         # read of the store) stays small with thousands of jobs.
         wanted = q.casefold()
         matched = [s for s in statuses if wanted in s.name.casefold()]
         shown = matched[:PAGE_JOBS]
-        runs = await scheduler._recent_runs([s.name for s in shown], CHART_RUNS)
+        runs = await seam.recent_runs([s.name for s in shown], CHART_RUNS)
         here = request.url.path
         css, js, icon = (
             f"{_path(request, 'fastapi_jobs_ui_asset', file=name)}?v={ASSETS[name].version}"
@@ -148,12 +148,12 @@ def build_router(scheduler: Scheduler) -> APIRouter:
             links=Links(
                 page=here, css=css, js=js, icon=icon, control=None if run is None else run[:-6]
             ),
-            now=scheduler._ticking_clock.now(),
-            running=scheduler._state is not None,
-            store=scheduler.store is not None,
-            instance=scheduler.instance.id,
+            now=seam.now(),
+            running=seam.running,
+            store=seam.store is not None,
+            instance=seam.instance_id,
             notice=notice,
-            notice_job=job if job in scheduler.jobs else None,
+            notice_job=job if job in seam.jobs else None,
             query=q,
             total=len(statuses),
             matched=len(matched),
@@ -162,7 +162,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
 
     @router.get("", response_model=list[JobStatus], summary="Status of every job")
     async def list_jobs() -> list[JobStatus]:
-        return await scheduler.cluster_status()
+        return await seam.cluster_status()
 
     @router.get(
         "/instances",
@@ -170,7 +170,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         summary="App instances sharing the store, seen recently",
     )
     async def list_instances() -> list[InstanceStatus]:
-        view = await scheduler.cluster()
+        view = await seam.cluster()
         return [] if view is None else view.instances
 
     @router.get(
@@ -180,9 +180,9 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         responses=_NOT_FOUND,
     )
     async def get_job(name: str) -> JobStatus:
-        if name not in scheduler.jobs:
-            _fail(JobNotFoundError(name, list(scheduler.jobs)))
-        return next(s for s in await scheduler.cluster_status() if s.name == name)
+        if name not in seam.jobs:
+            _fail(JobNotFoundError(name, list(seam.jobs)))
+        return next(s for s in await seam.cluster_status() if s.name == name)
 
     @router.get(
         "/{name}/runs",
@@ -196,7 +196,7 @@ def build_router(scheduler: Scheduler) -> APIRouter:
         name: str, limit: Annotated[int, Query(ge=1, le=MAX_RUNS)] = 20
     ) -> list[RunRecord]:
         try:
-            return await scheduler.runs(name, limit=limit)
+            return await seam.runs(name, limit)
         except (JobNotFoundError, ConfigurationError, StoreError) as exc:
             _fail(exc)
 
@@ -261,7 +261,7 @@ class TriggerEnded(TriggerAccepted):
     error: ErrorInfo | None
 
 
-def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> APIRouter:
+def build_control_router(seam: Seam, dependencies: Sequence[Any]) -> APIRouter:
     router = APIRouter(
         prefix="/jobs", tags=["jobs"], dependencies=[Depends(_same_origin), *dependencies]
     )
@@ -293,7 +293,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
     ) -> Any:
         page = _from_page(request)
         try:
-            triggered = await scheduler.trigger(name)
+            triggered = await seam.trigger(name)
         except JobRunningError as exc:
             if page is None:
                 return _conflict(exc)
@@ -354,7 +354,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
     ) -> Any:
         page = _from_page(request)
         try:
-            state = await scheduler.pause(name, until=_until(until))
+            state = await seam.pause(name, _until(until))
         except (JobNotFoundError, ConfigurationError, StoreError) as exc:
             _fail(exc, page, name)
         return _answer(page, "paused", state)
@@ -369,7 +369,7 @@ def build_control_router(scheduler: Scheduler, dependencies: Sequence[Any]) -> A
     async def resume(request: Request, name: str) -> Any:
         page = _from_page(request)
         try:
-            state = await scheduler.resume(name)
+            state = await seam.resume(name)
         except (JobNotFoundError, StoreError) as exc:
             _fail(exc, page, name)
         return _answer(page, "resumed", state)
