@@ -365,7 +365,7 @@ class Scheduler:
                 "control_router(dependencies=[Depends(require_admin)]), or public=True "
                 "if the app is protected some other way (a private network)"
             )
-        from ._router import build_control_router
+        from ._control_router import build_control_router
 
         return build_control_router(self._seam, list(dependencies or ()))
 

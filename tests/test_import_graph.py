@@ -136,8 +136,11 @@ def test_the_seam_is_what_the_integrations_reach() -> None:
     given a seam, the scheduler: they go through the seam."""
     graph = import_graph()
     sides = {f"{PACKAGE}.{name}" for name in ("_running", "_operating", "_pausing", "_reading")}
-    integrations = ("_router", "_page", "_figures", "_recorders", "_scrape", "_cli", "metrics")
+    integrations = (
+        *("_router", "_control_router", "_http", "_page", "_figures", "_recorders", "_scrape"),
+        *("_cli", "metrics", "tracing"),
+    )
     for name in integrations:
         assert not graph[f"{PACKAGE}.{name}"] & sides, name
-    for name in ("_router", "_page", "_figures", "_recorders", "_scrape"):
+    for name in ("_router", "_control_router", "_http", "_page", "_figures", "_recorders"):
         assert f"{PACKAGE}._scheduler" not in graph[f"{PACKAGE}.{name}"], name
