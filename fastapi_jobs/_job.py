@@ -16,7 +16,7 @@ from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._schedules import Schedule
 
-__all__ = ["OPTIONS", "Job", "JobOptions"]
+__all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
 
 
 class JobOptions(TypedDict, total=False):
@@ -47,6 +47,15 @@ class JobOptions(TypedDict, total=False):
 
 OPTIONS = JobOptions.__optional_keys__
 """The names of the options, to refuse any other."""
+
+
+def check_options(options: JobOptions, where: str) -> None:
+    """Refuse a keyword that is no option, as Python refuses one a signature
+    lacks: the options arrive as ``**options``, whose keys only the type checker
+    knows (``where``: the method that took them)."""
+    unknown = options.keys() - OPTIONS
+    if unknown:
+        raise TypeError(f"Scheduler.{where}() got an unexpected keyword argument {min(unknown)!r}")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -85,13 +94,7 @@ class Job:
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; :class:`ConfigurationError` says what to fix."""
-        unknown = options.keys() - OPTIONS
-        if unknown:
-            # What Python says of a keyword the signature lacks: the options
-            # arrive as **options, whose keys only the type checker knows.
-            raise TypeError(
-                f"Scheduler.{where}() got an unexpected keyword argument {min(unknown)!r}"
-            )
+        check_options(options, where)
         # The defaults are here, once: the signatures take **options.
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")

@@ -22,7 +22,7 @@ from ._control import TriggeredRun
 from ._declaring import add_job, add_observer, add_observers
 from ._errors import ConfigurationError, short
 from ._heartbeat import Heartbeat
-from ._job import Job, JobOptions
+from ._job import Job, JobOptions, check_options
 from ._leases import LeaseKeeper
 from ._logging import LIBRARY
 from ._observe import Observers
@@ -194,6 +194,7 @@ class Scheduler:
         every process and after every restart. The job's options are
         :meth:`add_job`'s.
         """
+        check_options(options, "every")  # at once, as a keyword the signature lacked was
         if _func is not None:
             raise ConfigurationError(
                 f"every() takes the interval as keywords, got {short(_func)}: write "
@@ -207,6 +208,7 @@ class Scheduler:
     ) -> Callable[[F], F]:
         """Decorate a job that runs on a cron expression in ``tz`` (see :class:`Cron`);
         the job's options are :meth:`add_job`'s."""
+        check_options(options, "cron")
         return self._decorator(Cron(expr, tz=tz), options, "cron")
 
     def add_observer(self, observer: object) -> None:
