@@ -99,7 +99,8 @@ class Scheduler:
         logger = logger or logging.getLogger(LIBRARY)
         clock = clock or SystemClock()
         # Jobs tick on this clock: with a store, shifted onto the database's.
-        ticking = clock if store is None else OffsetClock(clock)
+        on_db_time = None if store is None else OffsetClock(clock)
+        ticking = clock if on_db_time is None else on_db_time
         parts = self._parts = Parts(
             logger=logger,
             clock=clock,
@@ -114,9 +115,8 @@ class Scheduler:
         )
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
-        if store is not None:
-            assert isinstance(ticking, OffsetClock)
-            parts.heartbeat = Heartbeat(store, ticking, logger, pauses.apply)
+        if store is not None and on_db_time is not None:
+            parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
         self._life = Life()
         self._reader = Reader(parts, self._life, pauses)
         self._operator = Operator(parts, self._life, self._reader)
