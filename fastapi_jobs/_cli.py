@@ -28,7 +28,7 @@ from ._control import TriggeredRun
 from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError, JobRunningError
 from ._logging import FORMAT
 from ._runner import RunResult
-from ._scheduler import Scheduler
+from ._scheduler import Scheduler, seam_of
 from ._schedules import Cron
 from ._status import ErrorInfo, pause_end
 
@@ -230,8 +230,7 @@ async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
         pauses = await _store_pauses(scheduler, app)
     now = datetime.now(UTC).timestamp()
     for name, job in scheduler.jobs.items():
-        runner = scheduler._runner(name)
-        if runner.store is not None:
+        if seam_of(scheduler).claimed(name):
             where = "claimed in the store (one instance per tick)"
         elif job.every_instance:
             where = "every instance"
@@ -262,7 +261,7 @@ async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] |
     assert store is not None
     try:
         async with AsyncExitStack() as stack:
-            state = await stack.enter_async_context(scheduler._app_state(app))
+            state = await stack.enter_async_context(seam_of(scheduler).app_state(app))
             await store.open(state, scheduler.instance)
             stack.push_async_callback(store.close)
             with anyio.fail_after(store.timeout):
@@ -321,7 +320,7 @@ async def _run_once(
     # start (bounded by the store's timeout) ends, then its stop and the app's
     # own shutdown run uncut, as uvicorn gives them.
     with stoppable[0]:
-        async with scheduler._app_state(app) as state:
+        async with seam_of(scheduler).app_state(app) as state:
             work = anyio.CancelScope()
             stoppable.append(work)
             async with scheduler.running(state, ticking=False):
@@ -343,7 +342,8 @@ async def _run_started(
     logger = scheduler.logger
     # With a store, running() read its pauses: an operator's pause, and that of
     # an every_instance job, as much as the declared one.
-    paused = scheduler._paused(name)
+    seam = seam_of(scheduler)
+    paused = seam.paused(name)
     if paused is None and not force:
         logger.error(
             "not run: the store's pauses of job %r could not be read (is the "
@@ -358,7 +358,7 @@ async def _run_started(
         if force:
             triggered.append(await scheduler.trigger(name))
         else:
-            triggered.append(await scheduler._start_current_tick(name))
+            triggered.append(await seam.start_current_tick(name))
     except JobRunningError as exc:
         logger.info("not run: %s", exc)
         return CLAIMED_ELSEWHERE

@@ -31,8 +31,8 @@ from ._families import (
 )
 from ._recorders import DURATIONS, LATENESS, Recorder, Series
 from ._runner import JobRunner
-from ._scheduler import Scheduler
 from ._schedules import Every
+from ._seam import Seam
 from ._status import ClusterJobStatus, ClusterView
 
 __all__ = ["Figures", "Row", "Snapshot"]
@@ -74,10 +74,8 @@ class Snapshot(NamedTuple):
 class Figures:
     """The families of one scheduler's metrics, and how its state fills them."""
 
-    def __init__(
-        self, scheduler: Scheduler, recorder: Recorder | None, histograms_by_job: bool
-    ) -> None:
-        self.scheduler, self._recorder = scheduler, recorder
+    def __init__(self, seam: Seam, recorder: Recorder | None, histograms_by_job: bool) -> None:
+        self.seam, self._recorder = seam, recorder
         self.histograms_by_job = histograms_by_job
         self._intervals: dict[str, tuple[float, float]] = {}  # cron jobs: (tick, gap to next)
         self.durations = Family(
@@ -96,7 +94,7 @@ class Figures:
         self.families = [
             *(counted if recorder is not None else ()),
             *(SCHEDULER_RUNNING, NEXT_RUN, INTERVAL, SUCCESS, PAUSED),
-            *(cluster if scheduler.store is not None else ()),
+            *(cluster if seam.store is not None else ()),
         ]
 
     def snapshot(self, view: ClusterView | None, store_up: bool | None) -> Snapshot:
@@ -104,11 +102,11 @@ class Figures:
         lateness = None
         if recorder is not None and not recorder.lateness.by_job:
             lateness = recorder.lateness.copy("")
-        running = self.scheduler._state is not None
+        running = self.seam.running
         return Snapshot(running, lateness, view, store_up)
 
     def rows(self, runners: list[JobRunner]) -> list[Row]:
-        now = self.scheduler._ticking_clock.now()
+        now = self.seam.now()
         recorder = self._recorder
         durations = None if recorder is None else recorder.durations
         lateness = None if recorder is None or not recorder.lateness.by_job else recorder.lateness
@@ -144,7 +142,7 @@ class Figures:
         if self._recorder is not None and not self.histograms_by_job:
             self._series(sink, self.lateness, (), snapshot.lateness, self._recorder.lateness)
         sink.add(SCHEDULER_RUNNING, "", (), float(snapshot.scheduler_running))
-        if self.scheduler.store is None:
+        if self.seam.store is None:
             return
         sink.add(STORE_UP, "", (), float(bool(snapshot.store_up)))
         view = snapshot.view

@@ -9,14 +9,53 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._schedules import Schedule
 
-__all__ = ["Job"]
+__all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's options, as ``add_job``, ``every`` and ``cron`` take them (each
+    one is written here once; its default is in :meth:`Job.build`)."""
+
+    name: str | None
+    """The job's name (default: the function's); unique in a scheduler."""
+    timeout: float | timedelta | None
+    """Cancel a run that takes longer (recorded as ``timed_out``); default: none."""
+    run_on_startup: bool
+    """Also run once when the scheduler starts (with a store: the current
+    period's tick, once across instances); default False."""
+    every_instance: bool
+    """With a store: run in every instance, unclaimed (for idempotent jobs); default False."""
+    catch_up: float | timedelta | None
+    """With a store: after downtime, run the latest missed tick once if at most
+    this old; default: missed ticks are skipped."""
+    retries: int
+    """Try a failed run again up to this many times within its tick; default 0."""
+    retry_backoff: float | timedelta
+    """The first retry waits about this long (seconds), each next one twice as long; default 1."""
+    retry_timeouts: bool
+    """Whether a run that timed out is retried like a failed one; default True."""
+    paused: bool
+    """Declared paused: it runs once an operator resumes it; default False."""
+
+
+OPTIONS = JobOptions.__optional_keys__
+"""The names of the options, to refuse any other."""
+
+
+def check_options(options: JobOptions, where: str) -> None:
+    """Refuse a keyword that is no option, as Python refuses one a signature
+    lacks: the options arrive as ``**options``, whose keys only the type checker
+    knows (``where``: the method that took them)."""
+    unknown = options.keys() - OPTIONS
+    if unknown:
+        raise TypeError(f"Scheduler.{where}() got an unexpected keyword argument {min(unknown)!r}")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,69 +90,77 @@ class Job:
 
     @classmethod
     def build(
-        cls,
-        func: object,
-        schedule: Schedule,
-        *,
-        name: str | None,
-        timeout: float | timedelta | None,
-        run_on_startup: bool,
-        every_instance: bool = False,
-        catch_up: float | timedelta | None = None,
-        retries: int = 0,
-        retry_backoff: float | timedelta = 1.0,
-        retry_timeouts: bool = True,
-        paused: bool = False,
+        cls, func: object, schedule: Schedule, options: JobOptions, *, where: str = "add_job"
     ) -> Job:
+        """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
+        took them) and make the job; :class:`ConfigurationError` says what to fix."""
+        check_options(options, where)
+        # The defaults are here, once: the signatures take **options.
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
-        if not isinstance(schedule, Schedule):
-            raise ConfigurationError(
-                f"a job's schedule must be a Schedule such as Every(...) or Cron(...), "
-                f"got {schedule!r}"
-            )
-        if name is None:
-            name = getattr(func, "__name__", None)
-            if not name or name == "<lambda>":
-                raise ConfigurationError(
-                    f"cannot tell the name of job {func!r}: give it one with name="
-                )
-        name = check_name(name)
+        name = _checked(func, schedule, options.get("name"))
         said = f"job {name!r}: "
-        flags = _code_flags(func)
-        if flags is None:
-            is_async = _is_async(func)
-            generator = inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func)
-        else:
-            is_async = bool(flags & inspect.CO_COROUTINE)
-            generator = bool(flags & (inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR))
-        if generator:
-            raise ConfigurationError(
-                f"job {name!r} is a generator function: calling it runs none of its "
-                "body. Use return instead of yield (or loop over the generator inside "
-                "the job)"
-            )
+        is_async = _is_async_job(name, func)
         return cls(
             name=name,
             func=func,
             schedule=schedule,
-            timeout=_seconds(name, "timeout", timeout),
-            run_on_startup=flag("run_on_startup", run_on_startup, context=said),
+            timeout=_seconds(name, "timeout", options.get("timeout")),
+            run_on_startup=flag(
+                "run_on_startup", options.get("run_on_startup", False), context=said
+            ),
             takes_context=_takes_context(name, func),
             is_async=is_async,
-            every_instance=flag("every_instance", every_instance, context=said),
-            catch_up=_seconds(name, "catch_up", catch_up),
-            retries=_retries(name, retries),
+            every_instance=flag(
+                "every_instance", options.get("every_instance", False), context=said
+            ),
+            catch_up=_seconds(name, "catch_up", options.get("catch_up")),
+            retries=_retries(name, options.get("retries", 0)),
             retry_backoff=seconds(
                 "retry_backoff",
-                retry_backoff,
+                options.get("retry_backoff", 1.0),
                 context=f"job {name!r}: ",
                 allow_zero=True,
                 maximum=MAX_BACKOFF,
             ),
-            retry_timeouts=flag("retry_timeouts", retry_timeouts, context=said),
-            paused=flag("paused", paused, context=said),
+            retry_timeouts=flag(
+                "retry_timeouts", options.get("retry_timeouts", True), context=said
+            ),
+            paused=flag("paused", options.get("paused", False), context=said),
         )
+
+
+def _checked(func: object, schedule: object, name: str | None) -> str:
+    """The job's name, once ``schedule`` is known to be one."""
+    if not isinstance(schedule, Schedule):
+        raise ConfigurationError(
+            f"a job's schedule must be a Schedule such as Every(...) or Cron(...), got {schedule!r}"
+        )
+    if name is None:
+        name = getattr(func, "__name__", None)
+        if not name or name == "<lambda>":
+            raise ConfigurationError(
+                f"cannot tell the name of job {func!r}: give it one with name="
+            )
+    return check_name(name)
+
+
+def _is_async_job(name: str, func: object) -> bool:
+    """Whether ``func`` is awaited (else run in a thread); a generator is refused."""
+    flags = _code_flags(func)
+    if flags is None:
+        is_async = _is_async(func)
+        generator = inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func)
+    else:
+        is_async = bool(flags & inspect.CO_COROUTINE)
+        generator = bool(flags & (inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR))
+    if generator:
+        raise ConfigurationError(
+            f"job {name!r} is a generator function: calling it runs none of its "
+            "body. Use return instead of yield (or loop over the generator inside "
+            "the job)"
+        )
+    return is_async
 
 
 MAX_RETRIES = 100

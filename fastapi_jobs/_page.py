@@ -118,7 +118,34 @@ def render(
     those shown, of ``matched`` jobs whose name holds ``query``, of ``total``."""
     total = len(statuses) if total is None else total
     matched = len(statuses) if matched is None else matched
-    out: list[str] = [
+    out = _head(links, now, total, running, instance)
+    if notice in NOTICES:
+        text = NOTICES[notice].format(job=f"<code>{escape(notice_job or '?')}</code>")
+        kind = "trouble" if notice in _TROUBLE else "done"
+        out.append(f'<p class="notice {kind}" role="status">{text}</p>\n')
+    if store and view is None:
+        out.append(
+            '<p class="notice trouble" role="status">The store cannot be read: '
+            "what other instances did is not shown.</p>\n"
+        )
+    if total > len(statuses) or query:
+        out.append(_filter(query, len(statuses), matched, links.page))
+    if statuses:
+        # Where a run ran says something only when there are several instances.
+        several = view is not None and len(view.instances) > 1
+        out.append(_table(statuses, runs, links, now, several))
+    elif not query:
+        out.append('<p class="empty">No jobs are declared.</p>\n')
+    if view is not None:
+        out.append(_instances(view, instance, now))
+    out.append("</main>\n</body>\n</html>\n")
+    return "".join(out)
+
+
+def _head(links: Links, now: float, total: int, running: bool, instance: str) -> list[str]:
+    """The page up to its notices: the document's head, and the header that
+    counts the jobs and says who answered when."""
+    return [
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         '<meta name="color-scheme" content="light dark">\n'
@@ -136,35 +163,26 @@ def render(
         f'<time datetime="{_iso(now)}">{_clock(now)}</time></p>',
         "</header>\n",
     ]
-    if notice in NOTICES:
-        text = NOTICES[notice].format(job=f"<code>{escape(notice_job or '?')}</code>")
-        kind = "trouble" if notice in _TROUBLE else "done"
-        out.append(f'<p class="notice {kind}" role="status">{text}</p>\n')
-    if store and view is None:
-        out.append(
-            '<p class="notice trouble" role="status">The store cannot be read: '
-            "what other instances did is not shown.</p>\n"
-        )
-    if total > len(statuses) or query:
-        out.append(_filter(query, len(statuses), matched, links.page))
-    if statuses:
-        out.append(
-            '<table class="jobs">\n<thead><tr><th scope="col">Job</th><th scope="col">State'
-            '</th><th scope="col">Schedule</th><th scope="col">Next run</th>'
-            '<th scope="col">Last run</th><th scope="col">Recent runs</th>'
-        )
-        out.append('<th scope="col"><span class="sr">Actions</span></th>' if links.control else "")
-        out.append("</tr></thead>\n<tbody>\n")
-        # Where a run ran says something only when there are several instances.
-        several = view is not None and len(view.instances) > 1
-        for status in statuses:
-            out.append(_row(status, runs.get(status.name, ()), links, now, several))
-        out.append("</tbody>\n</table>\n")
-    elif not query:
-        out.append('<p class="empty">No jobs are declared.</p>\n')
-    if view is not None:
-        out.append(_instances(view, instance, now))
-    out.append("</main>\n</body>\n</html>\n")
+
+
+def _table(
+    statuses: Sequence[JobStatus],
+    runs: Mapping[str, Sequence[RunRecord]],
+    links: Links,
+    now: float,
+    several: bool,
+) -> str:
+    """The table of the jobs shown, a row each."""
+    out = [
+        '<table class="jobs">\n<thead><tr><th scope="col">Job</th><th scope="col">State'
+        '</th><th scope="col">Schedule</th><th scope="col">Next run</th>'
+        '<th scope="col">Last run</th><th scope="col">Recent runs</th>'
+    ]
+    out.append('<th scope="col"><span class="sr">Actions</span></th>' if links.control else "")
+    out.append("</tr></thead>\n<tbody>\n")
+    for status in statuses:
+        out.append(_row(status, runs.get(status.name, ()), links, now, several))
+    out.append("</tbody>\n</table>\n")
     return "".join(out)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ._claims import Claims
     from ._concurrency import Gate, TaskHandle
     from ._observe import Observers
-    from ._runner import JobRunner
 
 __all__ = ["HISTORY", "Dispatching", "RunnerState", "Spawning"]
 
@@ -41,16 +40,20 @@ HISTORY = 50
 """Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
 
 
+# The runner these take is a JobRunner, the layer above this one: typed Any so
+# that this module does not import it (not even for type checking: no cycle).
+
+
 class Dispatching(Protocol):
     """What a job's task needs of the dispatcher (``_dispatcher.Dispatcher``)."""
 
-    def add(self, runner: JobRunner, tick: float) -> None: ...
+    def add(self, runner: Any, tick: float) -> None: ...
 
 
 class Spawning(Protocol):
     """What a runner needs of the owner of the jobs' tasks (``_tasks.JobTasks``)."""
 
-    def spawn(self, runner: JobRunner) -> None: ...
+    def spawn(self, runner: Any) -> None: ...
 
 
 class RunnerState:
@@ -221,7 +224,7 @@ class RunnerState:
             # First due: the job gets its task now (it sees `woken` and runs).
             self._serving = True
             assert self._tasks is not None
-            self._tasks.spawn(cast("JobRunner", self))
+            self._tasks.spawn(self)
 
     def settle(self, *, cancel: bool = True) -> None:
         """The tick taken for this job will not run here: free the job again

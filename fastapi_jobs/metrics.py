@@ -75,7 +75,7 @@ from ._errors import ConfigurationError, short
 from ._families import Family, MetricSink, TextSink, header
 from ._figures import Figures, Row, Snapshot
 from ._recorders import DURATION_BUCKETS, LATENESS_BUCKETS, Counting, Recorder
-from ._scheduler import Scheduler
+from ._scheduler import Scheduler, seam_of
 from ._scrape import Exposition, forget_dead_processes
 from ._status import ClusterView
 
@@ -126,7 +126,7 @@ def instrument(
         raise ConfigurationError(
             f"instrument(histograms_by_job={short(histograms_by_job)}): True or False"
         )
-    if scheduler._state is not None:
+    if seam_of(scheduler).running:
         raise ConfigurationError(
             "instrument() a scheduler before it starts (at import, beside the app): "
             "the store's readings are a task of its lifespan"
@@ -149,6 +149,7 @@ class Metrics:
         histograms_by_job: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        seam = self._seam = seam_of(scheduler)
         self.registry = registry
         self.max_age = max_age
         self.histograms_by_job = histograms_by_job
@@ -166,7 +167,7 @@ class Metrics:
         # In multiprocess mode prometheus_client's metrics live in its files, which
         # its collector reads (so they are registered nowhere); else, our arrays.
         self._recorder = None if self.multiprocess else Recorder(histograms_by_job)
-        self._figures = Figures(scheduler, self._recorder, histograms_by_job)
+        self._figures = Figures(seam, self._recorder, histograms_by_job)
         try:
             registry.register(self)
         except ValueError as exc:
@@ -178,7 +179,7 @@ class Metrics:
         )
         store = scheduler.store
         self._idle = max(max_age, 10.0 if store is None else store.heartbeat)
-        scheduler._services.append(self._serve)
+        seam.add_service("metrics", self._serve)
 
     def router(self, path: str = "/metrics") -> APIRouter:
         """A router with ``GET path`` (``/metrics``): Prometheus's text format or
@@ -302,7 +303,7 @@ class Metrics:
         sink = TextSink(figures.families, headers)
         snapshot = figures.snapshot(self._view, self._store_up)
         figures.emit_process(snapshot, sink)
-        runners = list(self.scheduler._runners.values())
+        runners = self._seam.runners()
         turn = time.perf_counter() + TURN
         for start in range(0, len(runners), STRIDE):
             figures.emit_jobs(figures.rows(runners[start : start + STRIDE]), snapshot.view, sink)
@@ -348,7 +349,7 @@ class Metrics:
         self._scraped()
         figures = self._figures
         snapshot = figures.snapshot(self._view, self._store_up)
-        return snapshot, figures.rows(list(self.scheduler._runners.values()))
+        return snapshot, figures.rows(self._seam.runners())
 
     def _metrics(self, snapshot: Snapshot, rows: list[Row]) -> Iterator[Metric]:
         figures = self._figures

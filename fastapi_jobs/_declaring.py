@@ -1,0 +1,73 @@
+"""Declaring jobs: what ``add_job``, ``every``, ``cron`` and ``add_observer`` do.
+
+The options themselves are one ``TypedDict`` (:class:`~fastapi_jobs._job.JobOptions`),
+checked by ``Job.build``; here are the rules a job must keep among the others of
+its scheduler (a unique name, a store for ``catch_up=``), and its runner made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._errors import ConfigurationError, short
+from ._job import Job, JobOptions
+from ._parts import Parts
+from ._runner import JobRunner
+from ._schedules import Schedule
+
+__all__ = ["add_job", "add_observer", "add_observers"]
+
+
+def add_job(
+    parts: Parts,
+    func: Callable[..., Any],
+    schedule: Schedule,
+    options: JobOptions,
+    *,
+    running: bool,
+    where: str = "add_job",
+) -> Job:
+    """Check and register a job (``running``: the scheduler is, and refuses it)."""
+    if running:
+        name = options.get("name")
+        raise ConfigurationError(
+            f"cannot add job {name or getattr(func, '__name__', func)!r}: the "
+            "scheduler is already running; declare jobs before the app starts"
+        )
+    job = Job.build(func, schedule, options, where=where)
+    if job.name in parts.runners:
+        raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
+    if job.name == "instances":
+        raise ConfigurationError(
+            "the job name 'instances' is taken by GET /jobs/instances: choose another name="
+        )
+    if job.catch_up is not None and (parts.store is None or job.every_instance):
+        raise ConfigurationError(
+            f"job {job.name!r}: catch_up= needs the store to remember the last tick "
+            "across restarts: pass Scheduler(store=...), and do not combine it "
+            "with every_instance=True"
+        )
+    runner = parts.runners[job.name] = JobRunner(
+        job, parts.ticking, parts.logger, parts.leases, parts.history
+    )
+    runner.observers = parts.observers or None
+    return job
+
+
+def add_observers(parts: Parts, observers: object) -> None:
+    """``Scheduler(observers=)``: a list of them, each added."""
+    if isinstance(observers, (str, bytes)) or not isinstance(observers, Iterable):
+        raise ConfigurationError(
+            f"Scheduler(observers={short(observers)}): pass a list of observers, "
+            "e.g. observers=[MyObserver()]"
+        )
+    for observer in observers:
+        parts.observers.add(observer)
+
+
+def add_observer(parts: Parts, observer: object) -> None:
+    """Tell ``observer`` about every run and skipped tick of every job from now on."""
+    parts.observers.add(observer)
+    for runner in parts.runners.values():
+        runner.observers = parts.observers

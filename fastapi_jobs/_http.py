@@ -1,0 +1,68 @@
+"""What the two routers share: an operation's error as its HTTP answer (or, for
+a form of the status page, a redirect back that says what happened), and the
+paths of the routes in the app that includes them."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from fastapi import HTTPException, Request
+from starlette.routing import NoMatchFound
+
+from ._errors import (
+    ConfigurationError,
+    JobNotFoundError,
+    JobRunningError,
+    NotRunningError,
+    StoreError,
+    UnconfirmedError,
+)
+from ._page import notice_url
+
+__all__ = ["NOT_FOUND", "NO_STORE", "fail", "from_page", "path_of"]
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No job has this name."}}
+NO_STORE: dict[int | str, dict[str, Any]] = {
+    503: {"description": "The store cannot be reached, or the app is stopping: nothing changed."}
+}
+
+
+# What the status page says of an operation's error (else: "unavailable").
+_NOTICE_OF: tuple[tuple[type[Exception], str], ...] = (
+    (UnconfirmedError, "unsure"),
+    (JobNotFoundError, "unknown"),
+    (JobRunningError, "running"),
+    (ConfigurationError, "invalid"),
+)
+
+
+def fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
+    """The HTTP answer of an operation's error; for a form of the status page
+    (``page``: its path), a redirect back to it that says what happened."""
+    if page is not None:
+        code = next((c for kind, c in _NOTICE_OF if isinstance(exc, kind)), "unavailable")
+        raise HTTPException(303, headers={"Location": notice_url(page, code, name)}) from None
+    if isinstance(exc, JobNotFoundError):
+        raise HTTPException(404, str(exc)) from None
+    if isinstance(exc, ConfigurationError):
+        raise HTTPException(422, str(exc)) from None
+    if isinstance(exc, (StoreError, NotRunningError)):
+        raise HTTPException(503, str(exc)) from None
+    raise exc
+
+
+def path_of(request: Request, route: str, **params: str) -> str | None:
+    """The path of one of our routes in this app (its prefixes and root path
+    included), or None if the app does not have it."""
+    try:
+        return request.url_for(route, **params).path
+    except NoMatchFound:
+        return None
+
+
+def from_page(request: Request) -> str | None:
+    """The status page's path if ``request`` is one of its forms (a browser's
+    navigation, which asks for HTML), else None: an API call gets JSON."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return None
+    return path_of(request, "fastapi_jobs_ui")

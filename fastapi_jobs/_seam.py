@@ -1,0 +1,118 @@
+"""The seam: what the integrations (the routers and the page, metrics, the CLI)
+read of a scheduler and ask of it, and nothing else.
+
+Each ``Scheduler`` makes one :class:`Seam` when it is built; an integration
+given a scheduler asks for it with ``fastapi_jobs._scheduler.seam_of``, and the
+routers are built with it. So the integrations never touch the scheduler's
+private attributes, the public class shows no internal names, and this module
+imports none of the integrations (nor the scheduler): no import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from ._control import TriggeredRun
+from ._job import Job
+from ._operating import Operator
+from ._parts import Parts
+from ._pausing import Pauses
+from ._reading import Reader
+from ._runner import JobRunner
+from ._running import Life, app_state
+from ._status import ClusterView, JobStatus, PauseState, RunRecord
+from ._store import Store
+
+__all__ = ["Seam"]
+
+
+class Seam:
+    """A scheduler's internals, as far as its integrations need them."""
+
+    def __init__(
+        self, parts: Parts, life: Life, reader: Reader, operator: Operator, pauses: Pauses
+    ) -> None:
+        self._parts = parts
+        self._life = life
+        self._reader = reader
+        self._operator = operator
+        self._pauses = pauses
+
+    # -- what it is
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler runs now (inside ``running()``)."""
+        return self._life.running is not None
+
+    @property
+    def store(self) -> Store | None:
+        return self._parts.store
+
+    @property
+    def instance_id(self) -> str:
+        return self._parts.instance.id
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The declared jobs, by name (in declaration order)."""
+        return {name: runner.job for name, runner in self._parts.runners.items()}
+
+    def runners(self) -> list[JobRunner]:
+        """Every job's runner, for figures read straight from each job's stats."""
+        return list(self._parts.runners.values())
+
+    def claimed(self, name: str) -> bool:
+        """Whether the ticks of ``name`` are claimed in the store."""
+        return self._parts.runner(name).store is not None
+
+    def now(self) -> float:
+        """Now on the clock the jobs tick on (with a store: the database's)."""
+        return self._parts.ticking.now()
+
+    # -- reading
+
+    async def cluster(self) -> ClusterView | None:
+        return await self._reader.cluster()
+
+    async def cluster_status(self) -> list[JobStatus]:
+        return self._reader.statuses(await self._reader.cluster())
+
+    def statuses(self, view: ClusterView | None) -> list[JobStatus]:
+        return self._reader.statuses(view)
+
+    async def runs(self, name: str, limit: int) -> list[RunRecord]:
+        return await self._reader.runs(name, limit)
+
+    async def recent_runs(self, names: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        return await self._reader.recent_runs(names, limit)
+
+    def paused(self, name: str) -> bool | None:
+        return self._pauses.paused(name)
+
+    # -- acting
+
+    async def trigger(self, name: str) -> TriggeredRun:
+        return await self._operator.trigger(name, wait=False)
+
+    async def start_current_tick(self, name: str) -> TriggeredRun:
+        return await self._operator.start_current_tick(name)
+
+    async def pause(self, name: str, until: datetime | None) -> PauseState:
+        return await self._pauses.pause(name, until)
+
+    async def resume(self, name: str) -> PauseState:
+        return await self._pauses.resume(name)
+
+    def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
+        """Run ``service`` as a task of each run of the jobs (cancelled as they stop)."""
+        self._parts.services.append((name, service))
+
+    @asynccontextmanager
+    async def app_state(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
+        """The app's own lifespan entered (``Scheduler(lifespan=)``): what it yields."""
+        async with app_state(self._parts.app_lifespan, app) as state:
+            yield state
