@@ -115,7 +115,7 @@ async def test_a_trigger_whose_claim_came_too_late_leaves_no_run(database_url: s
         before = (await client.get("/jobs/digest")).json()["cluster"]
         async with claims_locked(database_url, 1.5 * timeout):
             late = await client.post("/jobs/digest/run")
-        await poll(lambda: not store._in_flight)  # the late claim and its release ended
+        await poll(lambda: not store._operations.in_flight)  # the late claim and its release ended
         after = (await client.get("/jobs/digest")).json()["cluster"]
         history = (await client.get("/jobs/digest/runs")).json()
     assert late.status_code == 503 and "nothing ran" in late.json()["detail"]

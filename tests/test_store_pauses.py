@@ -128,7 +128,7 @@ async def test_a_change_held_behind_a_lock_is_answered_as_it_ended(
         before = action == "resume"  # paused, before the change
         async with pauses_locked(database_url, 1.5 * timeout):
             answer = await client.post(f"/jobs/digest/{action}")
-        await poll(lambda: not store._in_flight)  # the store's statement has ended
+        await poll(lambda: not store._operations.in_flight)  # the store's statement has ended
         row = await pause_row(database_url)
         status = (await client.get("/jobs/digest")).json()
     paused = row is not None and row[0]
@@ -189,7 +189,7 @@ async def test_a_change_whose_answer_comes_too_late_may_have_been_made(database_
                             "AND datname = current_database() AND pid <> pg_backend_pid()"
                         )
                     )
-                return not store._in_flight and active == 0
+                return not store._operations.in_flight and active == 0
 
             await poll(done)
             row = await pause_row(database_url)

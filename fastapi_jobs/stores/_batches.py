@@ -1,25 +1,75 @@
 """Batching: the rows of one kind (claims, releases) that the scheduler sends
-together share one statement, compiled once; a row the database refuses fails
-alone, and an error of the statement (a table missing, a deadlock, the
-connection) fails the whole call."""
+together share one statement, compiled once, their values in one JSON
+parameter; a row the database refuses fails alone, and an error of the
+statement (a table missing, a deadlock, the connection) fails the whole call."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["MAX_ROWS", "Compiled", "each_row_alone_on_error", "row_error"]
+__all__ = [
+    "MAX_ROWS",
+    "Compiled",
+    "chunks",
+    "each_row_alone_on_error",
+    "encode",
+    "row_error",
+    "rows_cte",
+]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
 # Rows per statement: larger batches go in several statements (each holds its
 # rows' locks for the time its rows take).
 MAX_ROWS = 1000
+
+encode = json.JSONEncoder(allow_nan=False).encode
+"""A batch's rows as the one JSON array of ``b_rows`` (see :func:`rows_cte`)."""
+
+
+def chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """``rows`` in statements of at most MAX_ROWS, sorted by job: rows in one order
+    for every instance, so two batches never wait on each other's row locks in
+    opposite orders (no deadlock)."""
+    ordered = sorted(rows, key=lambda row: row[0])
+    return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
+
+
+def rows_cte(name: str, columns: dict[str, Any], dialect: str) -> Any:
+    """The rows a statement works on, as a CTE named ``name``: one parameter,
+    ``b_rows``, a JSON array of rows (each an array of ``columns``' values) that
+    the database unpacks. So one statement, compiled once, serves batches of any
+    size, and a row costs the app one ``json.dumps`` entry instead of a bound
+    parameter per value (with the parameters' names, ordering and encoding, or
+    asyncpg's checks of every array element, ~4 µs a row)."""
+    if dialect == "postgresql":
+        unpacked = sa.func.json_array_elements(
+            sa.cast(sa.bindparam("b_rows", type_=sa.Text), postgresql.JSON)
+        ).table_valued("value")
+        source = unpacked.alias(f"{name}_rows")
+        fields: list[sa.ColumnElement[Any]] = [
+            source.c.value.op("->>")(sa.literal_column(str(k))) for k in range(len(columns))
+        ]
+    else:
+        unpacked = sa.func.json_each(sa.bindparam("b_rows", type_=sa.Text)).table_valued("value")
+        source = unpacked.alias(f"{name}_rows")
+        fields = [
+            sa.func.json_extract(source.c.value, sa.literal_column(f"'$[{k}]'"))
+            for k in range(len(columns))
+        ]
+    selected = [
+        sa.cast(field, kind).label(column)
+        for field, (column, kind) in zip(fields, columns.items(), strict=True)
+    ]
+    return sa.select(*selected).select_from(source).cte(name)
 
 
 class Compiled:

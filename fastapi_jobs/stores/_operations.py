@@ -1,0 +1,190 @@
+"""How the store's operations run: each in an asyncio task of its own, on a
+connection of the store's AUTOCOMMIT engine, with its own deadline; callers
+only wait for it. The tables are checked (and made) before the first
+operation, and again after any database error (never cache "the tables exist").
+
+Why a task of its own: a caller that stops waiting (its deadline, shutdown)
+does not cancel the statement. Cancelled mid-statement, SQLAlchemy throws the
+connection away, and under anyio's cancellation, which strikes again at every
+await, the aiosqlite shim's close is cut in the middle and leaves a task that
+never ends: the event loop then cannot shut down. So the operation ends by its
+own deadline, which cancels it once (``asyncio.timeout``): a connection given
+up on is then closed whole, and otherwise goes back to the pool.
+
+SQLAlchemy's async engine runs on asyncio only, so this module uses asyncio
+directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .._errors import StoreError
+from .._status import ErrorInfo
+from ._db_clock import db_now
+
+__all__ = ["NOT_OPEN", "Operations", "transaction"]
+
+T = TypeVar("T")
+
+NOT_OPEN = "the store is not open: it opens when the scheduler starts"
+# Creating the tables may wait for other workers doing the same at startup.
+_DDL_TIMEOUT = 30.0
+
+
+class Operations:
+    """The store's operations in flight, on its engine once it is open.
+
+    Every operation gets twice ``timeout`` (its callers wait ``timeout``), and
+    ``prepare`` (the tables' check) a deadline of its own, at least 30 s.
+    """
+
+    def __init__(
+        self, timeout: float, prepare: Callable[[AsyncConnection], Awaitable[None]]
+    ) -> None:
+        self.timeout = timeout
+        self.engine: AsyncEngine | None = None
+        self.ready = False  # the tables were checked since the last database error
+        self.in_flight: set[asyncio.Task[Any]] = set()
+        self._prepare = prepare
+        self._ready_lock = asyncio.Lock()
+
+    def open(self, engine: AsyncEngine) -> None:
+        """Run from now on ``engine``, whose tables are yet to be checked."""
+        # Each store statement stands alone: no BEGIN/COMMIT round trips, and
+        # (on PostgreSQL) the pool is the app's own.
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.ready = False
+        self._ready_lock = asyncio.Lock()  # bound to this loop
+
+    async def run(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run ``op`` on a connection, in a task of its own; wait for its result."""
+        return await asyncio.shield(self.spawn(self.in_connection(op)))
+
+    def spawn(self, operation: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """``operation`` in a task of its own, kept until it ends."""
+        if self.engine is None:
+            operation.close()
+            raise StoreError(NOT_OPEN)
+        task = asyncio.get_running_loop().create_task(operation)
+        self.in_flight.add(task)
+        task.add_done_callback(self._settled)
+        return task
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen by the callers still waiting; the others gave up
+
+    async def in_connection(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``op`` on a connection, under the operation's deadline."""
+        assert self.engine is not None
+        if not self.ready:
+            await self.ensure_ready()
+        try:
+            # Callers wait `timeout`; the operation itself gets twice that, so that
+            # a statement made just in time still reports back (a late claim is then
+            # freed) and one stuck for good still ends.
+            async with asyncio.timeout(2 * self.timeout), self.engine.connect() as conn:
+                return await op(conn)
+        except sa.exc.DBAPIError:
+            # Never cache "the tables exist": someone may have dropped them. The
+            # next operation checks again (two catalog reads, after errors only).
+            self.ready = False
+            raise
+
+    async def ensure_ready(self) -> None:
+        """Check (and create) the tables once, under a deadline of their own: the
+        first claim's short deadline is no measure of how long DDL may take."""
+        assert self.engine is not None
+        async with self._ready_lock:
+            if self.ready:
+                return
+            async with (
+                asyncio.timeout(max(_DDL_TIMEOUT, 2 * self.timeout)),
+                self.engine.connect() as conn,
+            ):
+                await self._prepare(conn)
+            self.ready = True
+
+    async def change(
+        self, asked: float, send: Callable[[AsyncConnection, float], Awaitable[T]]
+    ) -> T:
+        """``send(conn, before)``: a change that the database makes only before
+        ``before`` on its clock, made within ``timeout`` of ``asked`` (the
+        loop's time) or not at all, and answered within twice that. Raises
+        :class:`StoreError` when it was not made, another error when that cannot
+        be told (the answer was lost after the statement went out)."""
+        assert self.engine is not None
+        loop = asyncio.get_running_loop()
+        made_by = asked + self.timeout
+        sent = False
+        try:
+            async with asyncio.timeout_at(asked + 2 * self.timeout):
+                if not self.ready:
+                    # The tables' check keeps its own deadline: it goes on if the
+                    # change cannot wait for it.
+                    async with asyncio.timeout_at(made_by):
+                        await asyncio.shield(self.spawn(self.ensure_ready()))
+                async with self.engine.connect() as conn:
+                    # `made_by` on the database's clock, from a statement that waits
+                    # for no lock (read before now: the deadline comes out no
+                    # later). Not statement_timestamp(): behind a table lock,
+                    # asyncpg's statements are stamped when they get to run.
+                    db_time = (await conn.execute(sa.select(db_now()))).scalar_one()
+                    left = made_by - loop.time()
+                    if left <= 0:
+                        raise TimeoutError
+                    sent = True
+                    return await send(conn, db_time + left)
+        except Exception as exc:
+            answered = isinstance(exc, sa.exc.DBAPIError) and not exc.connection_invalidated
+            if isinstance(exc, sa.exc.DBAPIError):
+                self.ready = False  # never cache "the tables exist"
+            if sent and not answered:
+                raise  # made, unless it was not: nobody can tell
+            if isinstance(exc, TimeoutError):
+                raise StoreError(
+                    f"the store could not reach the database within its timeout ({self.timeout:g}s)"
+                ) from exc
+            raise StoreError(f"the store could not make it ({ErrorInfo.of(exc)})") from exc
+
+    async def settle(self) -> None:
+        """Wait for the operations whose callers gave up, for at most ``timeout``
+        (each would end by its own deadline, up to the DDL's 30 s behind a
+        lock); then cancel what is left, once, and let it close its connection.
+        A stop (the app's, the CLI's on SIGTERM) is bounded by the store's
+        timeout, not by a lock someone else holds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while self.in_flight and loop.time() < deadline:
+            await asyncio.wait(set(self.in_flight), timeout=deadline - loop.time())
+        left = set(self.in_flight)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=self.timeout)
+
+
+@asynccontextmanager
+async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction on a connection of the store's AUTOCOMMIT engine (SQLite's
+    syntax). IMMEDIATE takes the file's write lock at the start, within the busy
+    timeout, so no statement inside fails halfway for a lock."""
+    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        yield
+        await conn.exec_driver_sql("COMMIT")
+    except BaseException:
+        if not conn.invalidated:  # else SQLAlchemy closes it, which rolls back
+            try:
+                await conn.exec_driver_sql("ROLLBACK")
+            except Exception:  # noqa: BLE001 - its transaction must not go back to the pool
+                await conn.invalidate()
+        raise

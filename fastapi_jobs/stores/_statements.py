@@ -1,0 +1,313 @@
+"""The store's writes as SQL: claims, releases (with their history rows),
+renewals, heartbeats, pause changes, and the history's retention; and
+:class:`Statements`, which holds them built for one database.
+
+Every time comparison uses the database's clock (``_db_clock``). Statements
+name every bind ``b_...``: the batch ones (claims, releases) run as driver SQL
+(see ``_batches.Compiled``), which gets only the parameters we pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ._batches import Compiled, rows_cte
+from ._db_clock import db_now, db_received
+from ._tables import Tables
+
+__all__ = ["Statements"]
+
+Insert = Callable[[sa.Table], Any]
+"""The dialect's ``insert()``, which has ``ON CONFLICT``."""
+
+
+class Statements:
+    """The store's statements for one dialect (``postgresql`` or ``sqlite``),
+    built when the store opens; the batch ones compile on first use."""
+
+    def __init__(self, tables: Tables, dialect: str, *, history: bool) -> None:
+        insert: Insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        self.dialect = dialect
+        self.renew = renew(tables.claims)
+        self.beat = beat(tables.instances, insert)
+        self.pause = pause(tables.pauses, insert)
+        self.prune_old, self.prune_extra = prune(tables.runs)
+        # SQLite writes a release's history in a statement of its own, first.
+        self.release_in_two = history and dialect == "sqlite"
+        self.batches = Compiled(self._batch)
+        self._tables, self._insert, self._history = tables, insert, history
+
+    def _batch(self, kind: str) -> Any:
+        t = self._tables
+        if kind in ("claim", "claim_manual"):
+            return claim(t.claims, t.pauses, self._insert, self.dialect, manual=kind != "claim")
+        runs = t.runs if self._history else None
+        if kind == "released_runs":
+            assert runs is not None
+            return released_runs(t.claims, runs, self.dialect)
+        return release(t.claims, runs, self.dialect)
+
+
+def renew(claims: sa.Table) -> Any:
+    """A lease's renewal (``b_job``, ``b_fence``, ``b_lease``)."""
+    c = claims
+    ours = sa.and_(c.c.job == sa.bindparam("b_job"), c.c.fence == sa.bindparam("b_fence"))
+    # A released claim stays released: a late renewal must not re-take it.
+    lease = sa.bindparam("b_lease", type_=sa.Double)
+    return (
+        sa.update(c).where(ours, c.c.lease_until.is_not(None)).values(lease_until=db_now() + lease)
+    )
+
+
+def beat(instances: sa.Table, insert: Insert) -> Any:
+    """An instance's heartbeat (``b_id``, ``b_hostname``, ``b_pid``), returning
+    the database's time."""
+    i, now = instances, db_now()
+    seen = insert(i).values(
+        id=sa.bindparam("b_id"),
+        hostname=sa.bindparam("b_hostname"),
+        pid=sa.bindparam("b_pid"),
+        started_at=now,
+        seen_at=now,
+    )
+    return seen.on_conflict_do_update(
+        index_elements=[i.c.id], set_={"seen_at": seen.excluded.seen_at}
+    ).returning(i.c.seen_at)
+
+
+def pause(pauses: sa.Table, insert: Insert) -> Any:
+    """The change of one job's pause (``b_job``, ``b_paused``, ``b_until``,
+    ``b_by``), made only before ``b_before`` on the database's clock, returning
+    the row's new version (no row back: too late, nothing changed).
+
+    The deadline is checked when the statement has its locks (a table locked,
+    the job's row held by another change), so a change whose caller was told
+    it came too late is never made afterwards. The version grows by one with
+    each change of the row and is never below the database's clock in
+    microseconds, so it also grows across the table dropped and made again
+    (whose rows would start over at 1 and look older than the ones before)."""
+    p, now = pauses, db_now()
+    in_time = now < sa.bindparam("b_before", type_=sa.Double)
+    clock = sa.cast(now * sa.literal_column("1000000"), sa.BigInteger)
+    change = sa.select(
+        sa.bindparam("b_job", type_=sa.String),
+        sa.bindparam("b_paused", type_=sa.Boolean),
+        sa.bindparam("b_until", type_=sa.Double),
+        now,
+        sa.bindparam("b_by", type_=sa.String),
+        clock,
+    ).where(in_time)
+    new = insert(p).from_select(
+        ["job", "paused", "until", "changed_at", "changed_by", "version"], change
+    )
+    return new.on_conflict_do_update(
+        index_elements=[p.c.job],
+        set_={
+            "paused": new.excluded.paused,
+            "until": new.excluded.until,
+            "changed_at": new.excluded.changed_at,
+            "changed_by": new.excluded.changed_by,
+            "version": sa.case(
+                (p.c.version < new.excluded.version, new.excluded.version),
+                else_=p.c.version + sa.literal_column("1", sa.BigInteger),
+            ),
+        },
+        where=in_time,  # again once the row is locked: a wait for it counts
+    ).returning(p.c.version)
+
+
+def claim(
+    claims: sa.Table, pauses: sa.Table, insert: Insert, dialect: str, *, manual: bool = False
+) -> Any:
+    """The claim of many jobs in one statement (rows as in ``rows_cte``); every
+    bind is a named one. A paused job's tick is not claimed, unless ``manual``
+    (an operator asked for the run)."""
+    c, p, now = claims, pauses, db_now()
+    lease = sa.bindparam("b_lease", type_=sa.Double)
+    wanted = rows_cte("wanted", {"job": sa.String, "tick": sa.Double}, dialect)
+    # Rows that may be claimed at all: the tick is not in the future on the
+    # database's clock (a host whose clock jumped ahead must not move
+    # `last_tick` past the ticks the others are about to claim), and the
+    # statement did not wait past the timeout (its caller gave up).
+    conditions = [
+        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
+        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+    ]
+    if not manual:
+        # A pause taken on any instance holds from the next claim on: one
+        # primary-key probe per row, in the claim's own statement.
+        conditions.append(
+            ~sa.exists().where(
+                p.c.job == wanted.c.job,
+                p.c.paused == sa.true(),
+                sa.or_(p.c.until.is_(None), p.c.until > now),
+            )
+        )
+    due = sa.select(
+        wanted.c.job,
+        wanted.c.tick,
+        sa.literal_column("1", sa.BigInteger),
+        sa.bindparam("b_owner", type_=sa.String),
+        now + lease,
+        now,
+    ).where(*conditions)
+    new = insert(c).from_select(
+        ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
+    )
+    # A tick must be newer than the last one claimed (so a tick never runs
+    # twice), and the previous lease must be free (so runs never overlap
+    # across instances). Rows that fail return nothing. (A job's very first
+    # claim inserts its row.) The last run's end (finished_at, outcome, error,
+    # duration) stays until this run's release: while a run goes, the status
+    # shows the run before it, not nothing.
+    return new.on_conflict_do_update(
+        index_elements=[c.c.job],
+        set_={
+            "last_tick": new.excluded.last_tick,
+            "fence": c.c.fence + sa.literal_column("1", sa.BigInteger),
+            "owner": new.excluded.owner,
+            "lease_until": new.excluded.lease_until,
+            "started_at": new.excluded.started_at,
+        },
+        where=sa.and_(
+            c.c.last_tick < new.excluded.last_tick,
+            sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
+        ),
+    ).returning(c.c.job, c.c.fence)
+
+
+_ENDED = {
+    "job": sa.String,
+    "fence": sa.BigInteger,
+    "outcome": sa.String,
+    "error": sa.Text,
+    "duration": sa.Double,
+    "attempts": sa.Integer,
+    "manual": sa.Integer,
+}
+"""The columns of a release's rows (``fastapi_jobs.Ended``)."""
+
+
+def _history(runs: sa.Table, source: Any, owner: Any, *where: Any) -> Any:
+    """The history rows of released claims, from ``source`` (which has the
+    claim's columns and the release's), those that match ``where``."""
+    return sa.insert(runs).from_select(
+        [
+            "job",
+            "fence",
+            "tick",
+            "manual",
+            "attempts",
+            "started_at",
+            "finished_at",
+            "duration",
+            "outcome",
+            "error",
+            "instance",
+        ],
+        sa.select(
+            source.c.job,
+            source.c.fence,
+            source.c.last_tick,
+            source.c.manual != sa.literal_column("0"),
+            source.c.attempts,
+            source.c.started_at,
+            source.c.finished_at,
+            source.c.duration,
+            source.c.outcome,
+            source.c.error,
+            owner,
+        ).where(*where),
+    )
+
+
+def release(claims: sa.Table, runs: sa.Table | None, dialect: str) -> Any:
+    """The release of many claims in one statement (rows as in ``rows_cte``);
+    every bind is a named one. On PostgreSQL with ``runs``, the same statement
+    writes the history rows (on SQLite, :func:`released_runs` does, first)."""
+    c = claims
+    v = rows_cte("ended", _ENDED, dialect)
+    ran = v.c.outcome.is_not(None)
+
+    def if_ran(value: Any, kept: Any) -> Any:
+        # A claim whose run never started (outcome NULL) is only freed: the
+        # job's last run stays what it was.
+        return sa.case((ran, value), else_=kept)
+
+    # Only the claim `fence` is released, once: not a newer claim of the job,
+    # and a release sent again (its first reply lost) adds no history row.
+    statement = (
+        sa.update(c)
+        .where(c.c.job == v.c.job, c.c.fence == v.c.fence, c.c.lease_until.is_not(None))
+        .values(
+            lease_until=sa.null(),
+            finished_at=if_ran(db_now(), c.c.finished_at),
+            outcome=if_ran(v.c.outcome, c.c.outcome),
+            error=if_ran(v.c.error, c.c.error),
+            duration=if_ran(v.c.duration, c.c.duration),
+        )
+    )
+    if runs is None or dialect != "postgresql":
+        return statement
+    released = statement.returning(
+        c.c.job,
+        c.c.fence,
+        c.c.last_tick,
+        c.c.started_at,
+        c.c.finished_at,
+        c.c.owner,
+        v.c.outcome,
+        v.c.error,
+        v.c.duration,
+        v.c.attempts,
+        v.c.manual,
+    ).cte("released")
+    return _history(runs, released, released.c.owner, released.c.outcome.is_not(None))
+
+
+def released_runs(claims: sa.Table, runs: sa.Table, dialect: str) -> Any:
+    """SQLite's history rows of a release (same ``b_rows``), sent just before
+    its update in the same connection: SQLite cannot insert from an UPDATE's
+    RETURNING in one statement. The rows still unreleased are the ones the
+    update is about to release."""
+    c = claims
+    v = rows_cte("ended", _ENDED, dialect)
+    source = (
+        sa.select(
+            c.c.job,
+            c.c.fence,
+            c.c.last_tick,
+            c.c.started_at,
+            db_now().label("finished_at"),
+            c.c.owner,
+            v.c.outcome,
+            v.c.error,
+            v.c.duration,
+            v.c.attempts,
+            v.c.manual,
+        )
+        .join_from(v, c, sa.and_(c.c.job == v.c.job, c.c.fence == v.c.fence))
+        .where(c.c.lease_until.is_not(None), v.c.outcome.is_not(None))
+        .subquery("released")
+    )
+    return _history(runs, source, source.c.owner)
+
+
+def prune(runs: sa.Table) -> tuple[Any, Any]:
+    """The history's retention: rows older than ``b_before``, and each job's
+    rows past its newest ``b_keep``."""
+    ranked = sa.select(
+        runs.c.id,
+        sa.func.row_number().over(partition_by=runs.c.job, order_by=runs.c.id.desc()).label("n"),
+    ).subquery("ranked")
+    old = sa.delete(runs).where(runs.c.finished_at < sa.bindparam("b_before", type_=sa.Double))
+    extra = sa.delete(runs).where(
+        runs.c.id.in_(
+            sa.select(ranked.c.id).where(ranked.c.n > sa.bindparam("b_keep", type_=sa.Integer))
+        )
+    )
+    return old, extra
