@@ -57,7 +57,7 @@ async def engine_for(url: str) -> AsyncIterator[AsyncEngine]:
     try:
         with contextlib.suppress(sa.exc.DBAPIError, OSError):
             async with engine.begin() as conn:
-                await conn.run_sync(SQLAlchemyStore(engine).metadata.create_all)
+                await conn.run_sync(SQLAlchemyStore(engine).tables.metadata.create_all)
         yield engine
     finally:
         await engine.dispose()
