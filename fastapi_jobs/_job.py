@@ -48,6 +48,19 @@ class JobOptions(TypedDict, total=False):
 OPTIONS = JobOptions.__optional_keys__
 """The names of the options, to refuse any other."""
 
+DEFAULTS = JobOptions(
+    name=None,
+    timeout=None,
+    run_on_startup=False,
+    every_instance=False,
+    catch_up=None,
+    retries=0,
+    retry_backoff=1.0,
+    retry_timeouts=True,
+    paused=False,
+)
+"""Each option's default, once (the signatures take ``**options``)."""
+
 
 def check_options(options: JobOptions, where: str) -> None:
     """Refuse a keyword that is no option, as Python refuses one a signature
@@ -95,38 +108,32 @@ class Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; :class:`ConfigurationError` says what to fix."""
         check_options(options, where)
-        # The defaults are here, once: the signatures take **options.
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
-        name = _checked(func, schedule, options.get("name"))
+        o: JobOptions = {**DEFAULTS, **options}
+        name = _checked(func, schedule, o["name"])
         said = f"job {name!r}: "
         is_async = _is_async_job(name, func)
         return cls(
             name=name,
             func=func,
             schedule=schedule,
-            timeout=_seconds(name, "timeout", options.get("timeout")),
-            run_on_startup=flag(
-                "run_on_startup", options.get("run_on_startup", False), context=said
-            ),
+            timeout=_seconds(name, "timeout", o["timeout"]),
+            run_on_startup=flag("run_on_startup", o["run_on_startup"], context=said),
             takes_context=_takes_context(name, func),
             is_async=is_async,
-            every_instance=flag(
-                "every_instance", options.get("every_instance", False), context=said
-            ),
-            catch_up=_seconds(name, "catch_up", options.get("catch_up")),
-            retries=_retries(name, options.get("retries", 0)),
+            every_instance=flag("every_instance", o["every_instance"], context=said),
+            catch_up=_seconds(name, "catch_up", o["catch_up"]),
+            retries=_retries(name, o["retries"]),
             retry_backoff=seconds(
                 "retry_backoff",
-                options.get("retry_backoff", 1.0),
-                context=f"job {name!r}: ",
+                o["retry_backoff"],
+                context=said,
                 allow_zero=True,
                 maximum=MAX_BACKOFF,
             ),
-            retry_timeouts=flag(
-                "retry_timeouts", options.get("retry_timeouts", True), context=said
-            ),
-            paused=flag("paused", options.get("paused", False), context=said),
+            retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
+            paused=flag("paused", o["paused"], context=said),
         )
 
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
+from fastapi_jobs._job import DEFAULTS
 
 from .conftest import serve
 
@@ -181,8 +182,15 @@ def test_the_api_table_gives_each_call_its_real_parameters() -> None:
         params = {
             name: param
             for name, param in signature.parameters.items()
-            if name != "self" and not (param.kind is param.POSITIONAL_ONLY and name[0] == "_")
+            if name != "self"
+            and not (param.kind is param.POSITIONAL_ONLY and name[0] == "_")
+            and param.kind is not param.VAR_KEYWORD
         }
+        if any("JobOptions" in str(p.annotation) for p in signature.parameters.values()):
+            params |= {  # **options: Unpack[JobOptions], with the defaults they get
+                key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value)
+                for key, value in DEFAULTS.items()
+            }
         named: set[str] = set()
         for args in mentions:
             for arg in args:
