@@ -4,60 +4,25 @@ several instances sharing one real database. Real time, short intervals
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import os
-import re
-import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import sqlalchemy as sa
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fastapi_jobs import Ended, Every, JobContext, LeaseLost, Scheduler, TickSkipped, tracing
-from fastapi_jobs._heartbeat import OffsetEstimate
-from fastapi_jobs.metrics import instrument
+from fastapi_jobs import Ended, Every, JobContext, Scheduler, TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, open_store, poll, release1
-from .postgres import PostgresServer
-
-
-@asynccontextmanager
-async def engine_for(url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(url)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
-
-
-def instance(engine: AsyncEngine, **store_options: object) -> Scheduler:
-    store = SQLAlchemyStore(lambda state: state["db"], **store_options)  # type: ignore[arg-type]
-    return Scheduler(store=store, shutdown_timeout=5)
-
-
-def ticking(engine: AsyncEngine, ticks: list[datetime], **store_options: object) -> Scheduler:
-    """An instance with one job every 100 ms that notes the ticks it runs."""
-    scheduler = instance(engine, **store_options)
-
-    @scheduler.every(seconds=0.1)
-    async def job(ctx: JobContext) -> None:
-        ticks.append(ctx.tick)
-
-    return scheduler
+from .conftest import poll
+from .support.instances import accounted, engine_for, first_runs, hold_lock, instance
 
 
 async def test_each_tick_runs_once_across_instances(database_url: str) -> None:
@@ -105,76 +70,6 @@ async def test_every_instance_jobs_run_everywhere_and_touch_no_claims(database_u
     assert claimed == 0
 
 
-async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str) -> None:
-    """Three 2.5 s runs under a 1 s lease, in each of two instances, renew their
-    leases (one keeper task per instance); no peer runs a job meanwhile. (The lease
-    must outlive pauses of this process, which hold up its renewals too.)"""
-    runs: dict[str, list[tuple[str, int | None]]] = {f"long{k}": [] for k in range(3)}
-    spans: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
-    async with engine_for(database_url) as engine, AsyncExitStack() as stack:
-        for who in ("i0", "i1"):
-            scheduler = instance(engine, lease=1.0, timeout=0.33, heartbeat=1)
-            for name in runs:
-
-                async def long(ctx: JobContext, who: str = who) -> None:
-                    runs[ctx.name].append((who, ctx.fence))
-                    started = time.monotonic()
-                    try:
-                        await anyio.sleep(2.5)
-                    finally:
-                        spans[ctx.name].append((started, time.monotonic()))
-
-                scheduler.add_job(long, Every(seconds=0.1), name=name)
-            await stack.enter_async_context(scheduler.running({"db": engine}))
-        await anyio.sleep(2.0)  # two leases long
-        assert all(len(job_runs) == 1 for job_runs in runs.values())  # first runs hold on
-        await poll(lambda: all(len(job_runs) >= 2 for job_runs in runs.values()))
-    # The instances stop one after the other, so one may start a third run while
-    # the other drains; and a claim whose answer came after the store's timeout is
-    # released unrun (a gap in the fences). Each run has a newer claim than the
-    # last, and two runs of a job never overlap.
-    for name, job_runs in runs.items():
-        fences = [fence or 0 for _, fence in job_runs]
-        assert fences == sorted(set(fences)), fences
-        ordered = sorted(spans[name])
-        assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered)), ordered
-
-
-async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it(
-    database_url: str, on_statement: Callable[[Callable[..., None]], None]
-) -> None:
-    """Short runs end before their first renewal is due and send none; a run as long
-    as 1.7 leases renews about every third of the lease. (A lease of 1.2 s: the run
-    must outlive pauses of this process, which stop its renewals too.)"""
-    renewals: list[str] = []
-
-    def count(conn: object, cursor: object, statement: str, params: object, *args: object) -> None:
-        if statement.lstrip().startswith("UPDATE fastapi_jobs_claims SET lease_until="):
-            renewals.append(str(params))
-
-    async with engine_for(database_url) as engine:
-        on_statement(count)
-        scheduler = instance(engine, lease=1.2, timeout=0.39)
-
-        @scheduler.every(seconds=0.1)
-        async def short() -> None:
-            pass
-
-        # Runs once, at startup: no tick of its own comes due during the test (an
-        # every-minute job ran twice whenever a minute began in the window, ~2%).
-        @scheduler.every(days=36500, run_on_startup=True)
-        async def long() -> None:
-            await anyio.sleep(2.0)
-
-        async with scheduler.running({"db": engine}):
-            await anyio.sleep(2.3)
-    assert scheduler.job_status("long").runs == 1
-    assert scheduler.job_status("short").runs >= 8
-    assert scheduler.job_status("long").last_outcome == "ok"
-    assert all("short" not in params for params in renewals)
-    assert 3 <= len(renewals) <= 6  # due at 0.4, 0.8, 1.2, 1.6 s into the run
-
-
 async def serve_until(scheduler: Scheduler, engine: AsyncEngine, stop: anyio.Event) -> None:
     """An instance: runs until `stop` is set, then stops gracefully."""
     async with scheduler.running({"db": engine}):
@@ -213,103 +108,6 @@ async def test_graceful_stop_releases_so_a_peer_takes_the_next_tick_at_once(
     assert holder.job_status("report").last_outcome == "cancelled"
 
 
-@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
-async def test_database_down_skips_ticks_and_recovers_by_itself(
-    postgres: PostgresServer, driver: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """PostgreSQL stopped: ticks are skipped, logged and counted; once it is back,
-    runs resume with no help, and no tick ran twice."""
-    url = postgres.url(postgres.create_database(), driver=driver)
-    ticks: list[datetime] = []
-    async with engine_for(url) as engine:
-        scheduler = ticking(engine, ticks, lease=3, timeout=0.5)
-        async with scheduler.running({"db": engine}):
-            await poll(lambda: len(ticks) >= 2)
-            before = len(ticks)
-            await anyio.to_thread.run_sync(postgres.stop)
-            await poll(lambda: scheduler.job_status("job").skipped.get("store_unavailable", 0) >= 2)
-            during = len(ticks)
-            await anyio.to_thread.run_sync(postgres.start)
-            await poll(lambda: len(ticks) - during >= 3)  # recovered by itself
-    assert during - before <= 1  # at most the run claimed just before the stop
-    assert len(ticks) == len(set(ticks))
-    assert "store unreachable, tick skipped" in caplog.text
-
-
-async def test_a_release_the_database_missed_is_sent_again_when_it_is_back(
-    postgres: PostgresServer,
-) -> None:
-    """PostgreSQL is down when a run ends, so its release fails: once the database
-    is back, the release goes first and the job runs on its next ticks, instead of
-    waiting out its own 30 s lease."""
-    url = postgres.url(postgres.create_database(), driver="asyncpg")
-    started, gate = anyio.Event(), anyio.Event()
-    ticks: list[datetime] = []
-    async with engine_for(url) as engine:
-        scheduler = instance(engine, lease=30, timeout=0.5)
-
-        @scheduler.every(seconds=0.1)
-        async def job(ctx: JobContext) -> None:
-            ticks.append(ctx.tick)
-            started.set()
-            await gate.wait()
-
-        async with scheduler.running({"db": engine}):
-            await started.wait()
-            await anyio.to_thread.run_sync(postgres.stop)
-            gate.set()  # the run ends while the database is down
-            await anyio.sleep(0.2)
-            await anyio.to_thread.run_sync(postgres.start)
-            await anyio.sleep(0.8)
-    assert len(ticks) >= 1 + 3  # the first run's lease would have held the job for 30 s
-    assert len(ticks) == len(set(ticks))
-
-
-class Seeing:
-    """An observer that keeps every skip."""
-
-    def __init__(self, seen: list[TickSkipped]) -> None:
-        self.seen = seen
-
-    def tick_skipped(self, event: TickSkipped) -> None:
-        self.seen.append(event)
-
-
-async def first_runs(
-    engine: AsyncEngine,
-    store: SQLAlchemyStore,
-    n: int,
-    every: float,
-    *,
-    catch_up: float | None = None,
-    run_seconds: float = 0.0,
-    seen: list[TickSkipped] | None = None,
-) -> tuple[list[tuple[float, float]], dict[str, int]]:
-    """Run one job every ``every`` s on ``store`` (each run ``run_seconds`` long)
-    until its ``n``th run starts: each run's tick and start, and the job's skips
-    until then (a tick that comes while the scheduler stops is not one of them);
-    each skip as it came, in ``seen``, for a failure to show."""
-    scheduler = Scheduler(store=store, shutdown_timeout=5)
-    if seen is not None:
-        scheduler.add_observer(Seeing(seen))
-    runs: list[tuple[float, float]] = []
-    skipped: dict[str, int] = {}
-    nth = anyio.Event()
-
-    @scheduler.every(seconds=every, catch_up=catch_up)
-    async def job(ctx: JobContext) -> None:
-        runs.append((ctx.tick.timestamp(), time.time()))
-        if len(runs) == n:
-            skipped.update(scheduler.job_status("job").skipped)
-            nth.set()
-        await anyio.sleep(run_seconds)
-
-    async with scheduler.running({"db": engine}):
-        with anyio.fail_after(10):
-            await nth.wait()
-    return runs, skipped
-
-
 class SlowRelease(SQLAlchemyStore):
     """A store whose releases take 0.45 s to reach the database (a lock, a slow link)."""
 
@@ -343,218 +141,6 @@ async def test_a_run_that_ends_just_before_its_next_tick_does_not_lose_that_tick
     )
 
 
-def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
-    """Each beat bounds the database's offset by its round trip; a slow beat whose
-    database read its clock late (after a lock wait) does not drag the estimate off,
-    a clock stepped by 3 s is followed at once, and so is an hour's drift."""
-    estimate = OffsetEstimate()
-    assert estimate.add(0.0, 100.0005, 0.001) == pytest.approx(100.0, abs=0.002)
-    # 100 ms round trip; the database read its clock 90 ms in (its midpoint: +40 ms).
-    assert estimate.add(1.0, 101.09, 1.1) == pytest.approx(100.0, abs=0.002)
-    # The local clock stepped back 3 s: the bounds no longer meet.
-    assert estimate.add(-1.0, 101.0005, -0.999) == pytest.approx(102.0, abs=0.002)
-    # An hour on, the clocks drifted 0.1 s apart (28 ppm): the widened bounds meet it.
-    assert estimate.add(3599.0, 3701.1005, 3599.001) == pytest.approx(102.1, abs=0.002)
-
-
-class SlowFirstBeat(SQLAlchemyStore):
-    """A store whose first heartbeat waits 0.3 s before the database reads its
-    clock, as a first connection (or a lock) makes it do."""
-
-    slow = True
-
-    async def beat(self) -> float:
-        if self.slow:
-            self.slow = False
-            await anyio.sleep(0.3)
-        return await super().beat()
-
-
-async def test_a_slow_first_beat_does_not_make_the_first_ticks_early(tmp_path: Path) -> None:
-    """The first beat's round trip is 0.3 s, all of it before the database read its
-    clock: its middle would put the clock 0.15 s ahead until the next beat (a
-    minute away). A second beat at start keeps the first ticks on time."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
-    async with engine_for(url) as engine:
-        store = SlowFirstBeat(lambda state: state["db"], heartbeat=60)
-        runs, _ = await first_runs(engine, store, 3, 0.1)
-    late = [started - tick for tick, started in runs]  # each run's start, after its tick
-    assert min(late) > -0.01, late
-
-
-async def test_sqlite_unreachable_file_skips_ticks_and_recovers(tmp_path: Path) -> None:
-    """A SQLite file that cannot be opened: ticks are skipped until it can."""
-    folder = tmp_path / "not-yet"
-    ticks: list[datetime] = []
-    async with engine_for(f"sqlite+aiosqlite:///{folder / 'jobs.sqlite3'}") as engine:
-        scheduler = ticking(engine, ticks, lease=3, timeout=0.5)
-        async with scheduler.running({"db": engine}):
-            await poll(lambda: scheduler.job_status("job").skipped.get("store_unavailable", 0) >= 3)
-            assert ticks == []
-            await anyio.Path(folder).mkdir()
-            await poll(lambda: len(ticks) >= 3)  # a wide margin: the tables are made first
-
-
-async def hold_lock(url: str, engine: AsyncEngine, seconds: float) -> None:
-    """Another client locks the claims for ``seconds``: store statements block."""
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[1]
-
-        def hold() -> None:
-            conn = sqlite3.connect(path, isolation_level=None)
-            conn.execute("BEGIN EXCLUSIVE")
-            time.sleep(seconds)
-            conn.execute("COMMIT")
-            conn.close()
-
-        await anyio.to_thread.run_sync(hold)
-    else:
-        async with engine.begin() as conn:
-            await conn.execute(sa.text("LOCK TABLE fastapi_jobs_claims IN ACCESS EXCLUSIVE MODE"))
-            await anyio.sleep(seconds)
-
-
-async def test_statements_blocked_past_the_timeout_leave_nothing_behind(
-    database_url: str,
-) -> None:
-    """Store statements held up by a lock longer than the store timeout: the ticks
-    are skipped, runs resume once the lock goes, a claim that came back late does
-    not hold the job, and once stopped no task or connection is left behind
-    (a statement cut mid-way once left the aiosqlite shim's close pending forever,
-    so the event loop could not shut down)."""
-    ticks: list[datetime] = []
-    async with engine_for(database_url) as engine:
-        scheduler = ticking(engine, ticks, lease=3, timeout=0.1)
-        async with scheduler.running({"db": engine}):
-            # Lock halfway between two ticks: the last run has released its claim
-            # (a release the lock held up would keep the job for its 3 s lease).
-            await poll(lambda: len(ticks) >= 1)
-            await anyio.sleep((0.05 - time.time()) % 0.1)
-            before = len(ticks)
-            await hold_lock(database_url, engine, 1.0)
-            during = len(ticks)
-            # Well within the 3 s lease: claims that came back late were freed.
-            await poll(lambda: len(ticks) - during >= 3, within=2.0)
-        skipped = scheduler.job_status("job").skipped.get("store_unavailable", 0)
-        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        assert left == []
-        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    assert during - before <= 1  # at most the run claimed just before the lock
-    assert skipped >= 3
-    assert len(ticks) == len(set(ticks))
-
-
-@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
-async def test_lease_that_cannot_be_renewed_cancels_the_run(
-    postgres: PostgresServer, driver: str
-) -> None:
-    """The database goes away mid-run for longer than the lease: the run is cancelled
-    and recorded as a lost lease, before a peer could take over."""
-    url = postgres.url(postgres.create_database(), driver=driver)
-    progress: list[str] = []
-    lost: list[LeaseLost] = []
-    async with engine_for(url) as engine:
-        # The tables made and a connection open beforehand: the startup run's claim,
-        # within its 0.3 s timeout, is then one statement, not a connection as well.
-        async with open_store(engine):
-            pass
-        scheduler = instance(engine, lease=1.2, timeout=0.3)
-
-        class Observing:
-            def lease_lost(self, event: LeaseLost) -> None:
-                lost.append(event)
-
-        scheduler.add_observer(Observing())
-
-        @scheduler.every(days=36500, run_on_startup=True)  # the startup run only
-        async def long(ctx: JobContext) -> None:
-            progress.append("start")
-            await anyio.sleep(3)
-            progress.append("end")
-
-        async with scheduler.running({"db": engine}):
-            await poll(lambda: progress == ["start"])  # mid-run
-            await anyio.to_thread.run_sync(postgres.stop)
-            await anyio.sleep(2.0)  # longer than the lease
-            status = scheduler.job_status("long")
-            await anyio.to_thread.run_sync(postgres.start)
-    assert progress == ["start"]
-    assert status.last_outcome == "cancelled"
-    assert status.last_error is not None
-    assert status.last_error.type == "LeaseLostError"
-    assert "lease ran out" in status.last_error.message
-    assert status.running is False
-    assert [(e.job, e.fence) for e in lost] == [("long", 1)]  # observers are told
-    assert "lease ran out" in lost[0].reason
-
-
-async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A run whose lease is lost (the database locked past the lease) is cancelled:
-    one run, one outcome (cancelled, LeaseLostError), counted once and logged once,
-    and the metrics read those counts (none goes below zero). The job's task lives
-    on: later ticks run, and a later run whose own code raises CancelledError is that
-    run's failure, not a cancellation of the job. The run's span has the loss as an
-    event (told before the span ends)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
-    runs: list[str] = []
-    registry = CollectorRegistry()
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    async with engine_for(url) as engine:
-        scheduler = instance(engine, lease=0.6, timeout=0.15)
-        instrument(scheduler, registry)
-        tracing.instrument(scheduler, tracer_provider=tracer_provider)
-
-        started = anyio.Event()
-
-        @scheduler.every(seconds=0.5)
-        async def job(ctx: JobContext) -> None:
-            runs.append("start")
-            started.set()
-            if len(runs) == 1:
-                await anyio.sleep(3)  # the lock comes while this one runs
-            elif len(runs) >= 3:
-                raise asyncio.CancelledError  # the job's own bug
-            runs.append("end")
-
-        with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
-            async with scheduler.running({"db": engine}):
-                await started.wait()
-                await hold_lock(url, engine, 1.2)  # longer than the lease
-                lost = scheduler.job_status("job")
-                lost_runs = registry.get_sample_value(
-                    "fastapi_jobs_runs_total", {"job_name": "job", "outcome": "cancelled"}
-                )
-                await poll(lambda: scheduler.job_status("job").runs >= 4)
-                later = scheduler.job_status("job")
-                counts = {
-                    outcome: registry.get_sample_value(
-                        "fastapi_jobs_runs_total", {"job_name": "job", "outcome": outcome}
-                    )
-                    for outcome in ("ok", "failed", "timed_out", "cancelled")
-                }
-    assert runs[:2] == ["start", "start"]  # the first run never ended
-    assert lost.last_outcome == "cancelled" and lost.failures == 0 and lost_runs == 1
-    assert lost.last_error is not None and lost.last_error.type == "LeaseLostError"
-    lines = [r.getMessage() for r in caplog.records if "'job'" in r.getMessage()]
-    assert len([line for line in lines if "lost its lease" in line]) == 1
-    assert not [line for line in lines if "was cancelled" in line]  # not a second time
-    # The second run was ok; the lost lease is the one cancelled run; each run from
-    # the third on is a failure: none was taken for a cancellation from outside.
-    assert later.failures == later.runs - 2
-    ended = later.runs - int(later.running)
-    assert counts == {"ok": 1, "failed": later.failures, "timed_out": 0, "cancelled": 1}
-    assert sum(counts.values()) == ended  # type: ignore[arg-type]
-    assert later.last_outcome == "failed"
-    assert later.last_error is not None and later.last_error.type == "CancelledError"
-    first = exporter.get_finished_spans()[0]
-    assert first.attributes is not None and first.attributes["fastapi_jobs.outcome"] == "cancelled"
-    assert [event.name for event in first.events] == ["fastapi_jobs.lease_lost"]
-
-
 async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> None:
     """The app stops while a tick's claim is on its way (held up by a lock): the
     claim comes back won, and the run goes, with shutdown waiting for it, instead
@@ -584,161 +170,6 @@ async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> Non
             ).one()
     assert [t.timestamp() for t in ticks][-1] == next_tick  # it ran, during shutdown
     assert tuple(row) == (next_tick, "ok")
-
-
-async def test_catch_up_runs_the_latest_missed_tick_once_within_the_deadline(
-    database_url: str,
-) -> None:
-    """After downtime across many ticks, one catch-up run for the latest missed tick,
-    and none for a job whose deadline is shorter than that tick's age."""
-    grid = Every(minutes=10)
-    latest = datetime.fromtimestamp(grid.last_at_or_before(time.time()), tz=UTC)
-    async with engine_for(database_url) as engine, open_store(engine) as seed:
-        for name in ("digest", "late"):
-            fence = await claim1(seed, name, (latest - timedelta(hours=5)).timestamp())
-            assert fence == 1
-            await release1(seed, name, fence, "ok", None, 1.0)
-
-        ticks: dict[str, list[datetime]] = {"digest": [], "late": []}
-        scheduler = instance(engine)
-
-        # The latest tick is at most 10 minutes old: within the hour, never
-        # within a microsecond.
-        @scheduler.every(minutes=10, catch_up=timedelta(hours=1))
-        async def digest(ctx: JobContext) -> None:
-            ticks["digest"].append(ctx.tick)
-
-        @scheduler.every(minutes=10, catch_up=timedelta(microseconds=1))
-        async def late(ctx: JobContext) -> None:
-            ticks["late"].append(ctx.tick)
-
-        async with scheduler.running({"db": engine}):
-            await poll(lambda: bool(ticks["digest"]) and bool(scheduler.job_status("late").skipped))
-        view = await seed.read()
-    assert ticks["digest"] == [latest]  # 5 h down: 30 ticks missed, one run
-    assert scheduler.job_status("digest").skipped == {"missed": 29}
-    assert ticks["late"] == []
-    assert scheduler.job_status("late").skipped == {"missed": 30}
-    assert view.jobs["digest"].last_tick == latest
-
-
-async def test_catch_up_never_reruns_a_tick_a_peer_ran(database_url: str) -> None:
-    """Two instances starting together catch up on the missed tick once between them."""
-    async with engine_for(database_url) as engine, open_store(engine) as seed:
-        await release1(seed, "digest", await claim1(seed, "digest", 0.0) or 0, "ok", None, 0.0)
-        runs: list[datetime] = []
-        async with AsyncExitStack() as stack:
-            for _ in range(2):
-                scheduler = Scheduler(store=SQLAlchemyStore(engine), shutdown_timeout=5)
-
-                @scheduler.every(hours=1, catch_up=timedelta(hours=2))
-                async def digest(ctx: JobContext) -> None:
-                    runs.append(ctx.tick)
-
-                await stack.enter_async_context(scheduler.running({"db": engine}))
-            await poll(lambda: bool(runs))
-            await anyio.sleep(0.3)  # time for the other instance's catch-up
-    assert len(runs) == 1
-
-
-class SlowLastTick(SQLAlchemyStore):
-    """A store whose read of a job's last tick takes 0.6 s (a slow database)."""
-
-    read_at = 0.0
-
-    async def last_tick(self, job: str) -> float | None:
-        tick = await super().last_tick(job)
-        await anyio.sleep(0.6)
-        self.read_at = time.time()
-        return tick
-
-
-class Announced(logging.Handler):
-    """Notes the tick each "catching up" line names; may then stall the event
-    loop for ``stall`` s, as a slow synchronous handler would."""
-
-    def __init__(self, stall: float = 0.0) -> None:
-        super().__init__(logging.INFO)
-        self.stall, self.ticks = stall, list[float]()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        said = re.search(r"catching up on the latest, (\S+)", record.getMessage())
-        if said:
-            self.ticks.append(datetime.fromisoformat(said.group(1)).timestamp())
-            time.sleep(self.stall)
-
-
-async def run_after_downtime(
-    url: str, store: SQLAlchemyStore, announced: Announced
-) -> tuple[float, list[float], dict[str, int]]:
-    """Seed a last tick 5 s ago, then run a job every 0.25 s (catch_up=10 s) on
-    ``store`` until its third run: the seeded tick, the ticks run, the skips."""
-    grid = Every(seconds=0.25)
-    seeded = grid.last_at_or_before(time.time()) - 5
-    async with engine_for(url) as engine:
-        async with open_store(engine) as seed:
-            await release1(seed, "job", await claim1(seed, "job", seeded) or 0, "ok", None, 0.0)
-        logger = logging.getLogger("fastapi_jobs")
-        logger.addHandler(announced)
-        level, logger.level = logger.level, logging.INFO
-        try:
-            runs, skipped = await first_runs(engine, store, 3, 0.25, catch_up=10)
-        finally:
-            logger.removeHandler(announced)
-            logger.setLevel(level)
-    return seeded, [tick for tick, _ in runs], skipped
-
-
-def accounted(
-    seeded: float, ticks: list[float], skipped: dict[str, int], every: float = 0.25
-) -> bool:
-    """Every tick after ``seeded`` up to the last run either ran once or was counted
-    as skipped."""
-    due, _ = Every(seconds=every).ticks_between(seeded, ticks[-1])
-    return len(set(ticks)) == len(ticks) and len(ticks) + sum(skipped.values()) == due
-
-
-@pytest.mark.parametrize("database_url", ["sqlite", "asyncpg"], indirect=True)
-async def test_a_slow_store_read_announces_and_runs_the_latest_missed_tick(
-    database_url: str,
-) -> None:
-    """The store takes 0.6 s (over two ticks) to say when the job last ran: the
-    catch-up is decided on the time after that read, and the tick announced runs."""
-    announced = Announced()
-    store = SlowLastTick(lambda state: state["db"])
-    seeded, ticks, skipped = await run_after_downtime(database_url, store, announced)
-    [tick] = announced.ticks
-    assert tick > store.read_at - 0.25 - 0.05  # the latest at the end of the read
-    assert ticks[0] == tick
-    assert accounted(seeded, ticks, skipped)
-
-
-@pytest.mark.parametrize("database_url", ["sqlite", "asyncpg"], indirect=True)
-async def test_a_stall_after_the_catch_up_is_announced_still_runs_that_tick(
-    database_url: str,
-) -> None:
-    """The event loop stalls 0.6 s right after the announcement, so the next ticks
-    come due before the dispatcher gets to it: the announced tick runs, and the
-    ticks due meanwhile count as missed."""
-    announced = Announced(stall=0.6)
-    store = SQLAlchemyStore(lambda state: state["db"])
-    seeded, ticks, skipped = await run_after_downtime(database_url, store, announced)
-    [tick] = announced.ticks
-    assert ticks[0] == tick
-    assert ticks[1] - ticks[0] > 0.5  # the ticks of the stall did not run
-    assert accounted(seeded, ticks, skipped)
-
-
-def test_catch_up_needs_a_store() -> None:
-    """catch_up= without a store cannot remember anything: refused at declaration."""
-    from fastapi_jobs import ConfigurationError
-
-    with pytest.raises(ConfigurationError, match="catch_up= needs the store"):
-        Scheduler().every(hours=1, catch_up=60)(_noop)
-
-
-async def _noop() -> None:
-    pass
 
 
 def test_instances_is_a_reserved_job_name() -> None:
@@ -929,45 +360,6 @@ def test_an_error_message_is_cut_to_one_printable_line() -> None:
     assert ErrorInfo.of(Unprintable()).message == "(its message could not be read)"
 
 
-async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_returns(
-    tmp_path: Path,
-) -> None:
-    """Two instances; a sync job whose thread runs 1.5 s past a 0.1 s timeout under a
-    1.2 s lease: the lease is renewed while the thread runs, so no instance starts
-    the job beside it; once the thread returns, the job runs again."""
-    import threading
-
-    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
-    lock = threading.Lock()
-    active, most, calls = 0, 0, 0
-    first = True
-
-    def blocking() -> None:
-        nonlocal active, most, calls, first
-        with lock:
-            active, calls = active + 1, calls + 1
-            most = max(most, active)
-            long, first = first, False
-        time.sleep(1.5 if long else 0.01)
-        with lock:
-            active -= 1
-
-    async with engine_for(url) as engine, AsyncExitStack() as stack:
-        schedulers = []
-        for _ in range(2):
-            scheduler = instance(engine, lease=1.2, timeout=0.3)
-            scheduler.add_job(blocking, Every(seconds=0.1), name="blocking", timeout=0.1)
-            await stack.enter_async_context(scheduler.running({"db": engine}))
-            schedulers.append(scheduler)
-        await anyio.sleep(1.0)
-        calls_while_held = calls
-        await anyio.sleep(1.2)
-    assert calls_while_held == 1 and most == 1
-    assert calls > 2  # it ran again once the thread had returned
-    statuses = [s.job_status("blocking") for s in schedulers]
-    assert sum(s.failures for s in statuses) == 1  # the one timeout, after 1.5 s
-
-
 async def test_retries_under_a_claim_never_cost_the_next_tick(database_url: str) -> None:
     """With a store too, a failing job's retries end before its next tick: a job
     every 0.5 s that fails after 150 ms, with five retries, loses no tick to its
@@ -989,3 +381,7 @@ async def test_retries_under_a_claim_never_cost_the_next_tick(database_url: str)
     assert status.skipped.get("overlap", 0) == 0
     assert len(attempts) > len(set(attempts))  # they were retried
     assert status.retries > 0
+
+
+async def _noop() -> None:
+    pass
