@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -24,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fastapi_jobs import Ended, Instance, LoopClock, Outcome, Scheduler, Store
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .cluster import App
-from .postgres import PostgresServer
+from .support.cluster import App
+from .support.postgres import PostgresServer
 
 # pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
 # none set, asyncio makes one that nobody closes, and its garbage collection
@@ -124,20 +123,6 @@ async def open_store(engine: AsyncEngine, **options: Any) -> AsyncIterator[SQLAl
         yield store
     finally:
         await store.close()
-
-
-async def poll(
-    check: Callable[[], bool | Awaitable[bool]], *, within: float = 10.0, every: float = 0.02
-) -> None:
-    """Until ``check()`` holds, or fail after ``within`` seconds. For what another
-    task or the database does in real time: a fixed sleep counts on the process
-    not pausing (a garbage collection here takes up to 0.3 s), a poll does not."""
-    with anyio.fail_after(within):
-        while True:
-            held = check()
-            if held if isinstance(held, bool) else await held:
-                return
-            await anyio.sleep(every)
 
 
 async def claim1(store: Store, job: str, tick: float) -> int | None:

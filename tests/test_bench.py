@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .postgres import PostgresServer
+from .support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

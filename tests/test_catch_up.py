@@ -15,8 +15,9 @@ import pytest
 from fastapi_jobs import Every, JobContext, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, open_store, poll, release1
+from .conftest import claim1, open_store, release1
 from .support.instances import accounted, engine_for, first_runs, instance
+from .support.waiting import poll
 
 
 async def test_catch_up_runs_the_latest_missed_tick_once_within_the_deadline(

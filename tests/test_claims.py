@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fastapi_jobs import Ended, Every, JobContext, Scheduler, TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import poll
 from .support.instances import accounted, engine_for, first_runs, hold_lock, instance
+from .support.waiting import poll
 
 
 async def test_each_tick_runs_once_across_instances(database_url: str) -> None:

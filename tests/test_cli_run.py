@@ -20,8 +20,9 @@ from fastapi_jobs._cli import main
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .apps import cli_app
-from .cluster import ROOT, rows, sync_url
-from .postgres import PostgresServer, wait_until
+from .support.cluster import ROOT, rows, sync_url
+from .support.postgres import PostgresServer
+from .support.waiting import wait_until
 
 RARE = 864_000  # 10 days: no scheduled tick comes during a test
 TARGET = "tests.apps.cluster_app:app"

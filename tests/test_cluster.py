@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from .apps.race import race
-from .cluster import App, rows, start
-from .postgres import PostgresServer, wait_until
+from .support.cluster import App, rows, start
+from .support.postgres import PostgresServer
+from .support.waiting import wait_until
 
 
 @pytest.fixture

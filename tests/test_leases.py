@@ -22,9 +22,10 @@ from prometheus_client import CollectorRegistry
 from fastapi_jobs import Every, JobContext, LeaseLost, tracing
 from fastapi_jobs.metrics import instrument
 
-from .conftest import open_store, poll
-from .postgres import PostgresServer
+from .conftest import open_store
 from .support.instances import engine_for, hold_lock, instance
+from .support.postgres import PostgresServer
+from .support.waiting import poll
 
 
 async def test_a_run_longer_than_its_lease_keeps_it_by_renewal(database_url: str) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from fastapi_jobs import JobContext
 
-from .conftest import poll
-from .postgres import PostgresServer
 from .support.instances import engine_for, hold_lock, instance, ticking
+from .support.postgres import PostgresServer
+from .support.waiting import poll
 
 
 @pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])

@@ -12,7 +12,7 @@ import pytest
 from fastapi_jobs import JobContext, Scheduler, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import poll
+from .support.waiting import poll
 
 
 def test_jobs_tick_and_stop_on_trio() -> None:
