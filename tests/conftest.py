@@ -37,6 +37,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _SESSION_LOOP.close()
 
 
+# Markers follow the fixtures a test uses, so a new test is marked by using them:
+# .ci/run selects by marker (`-m "not postgres and not processes and not browser"`
+# on the newer Pythons), and a test cannot slip through by its name.
+# A PostgreSQL server: the fixture itself, or these fixtures' PostgreSQL params
+# (which reach the server through request.getfixturevalue, out of fixturenames' sight).
+POSTGRES_PARAMS = {"database_url": {"asyncpg", "psycopg"}, "cluster_url": {"postgresql"}}
+MARKED_BY = {
+    "postgres": "postgres",  # a real PostgreSQL server
+    "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
+    "browser": "browser",  # headless Chromium (tests/test_page_browser.py)
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params: dict[str, object] = callspec.params if callspec is not None else {}
+        for fixture, marker in MARKED_BY.items():
+            if fixture in fixtures:
+                item.add_marker(marker)
+        if any(params.get(fixture) in values for fixture, values in POSTGRES_PARAMS.items()):
+            item.add_marker("postgres")
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _short_collections() -> None:
     """Each module starts with what is alive moved out of the collector's sight.
