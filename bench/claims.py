@@ -140,7 +140,7 @@ def cluster(url: str | None, n: int, window: int) -> list[dict[str, Any]]:
 
 def report(quick: bool = False) -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from tests.postgres import PostgresServer
+    from tests.support.postgres import PostgresServer
 
     n, window = (20, 2) if quick else (300, 5)
     server = PostgresServer()

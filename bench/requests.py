@@ -91,7 +91,7 @@ def measure(
     jobs: int, rate: float, seconds: float, impl: str = "fastapi_jobs", loop: str = "asyncio"
 ) -> list[float]:
     sys.path.insert(0, str(ROOT))
-    from tests.postgres import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     server = subprocess.Popen(

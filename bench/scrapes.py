@@ -276,7 +276,7 @@ def serve_and_scrape(
     jobs: int, variant: str, rate: float, seconds: float, every: float, cwd: Path
 ) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from tests.postgres import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     env = {**os.environ, "BENCH_JOBS": str(jobs), "BENCH_VARIANT": variant}

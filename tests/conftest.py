@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -24,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fastapi_jobs import Ended, Instance, LoopClock, Outcome, Scheduler, Store
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .cluster import App
-from .postgres import PostgresServer
+from .support.cluster import App
+from .support.postgres import PostgresServer
 
 # pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
 # none set, asyncio makes one that nobody closes, and its garbage collection
@@ -36,6 +35,31 @@ asyncio.set_event_loop(_SESSION_LOOP)
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _SESSION_LOOP.close()
+
+
+# Markers follow the fixtures a test uses, so a new test is marked by using them:
+# .ci/run selects by marker (`-m "not postgres and not processes and not browser"`
+# on the newer Pythons), and a test cannot slip through by its name.
+# A PostgreSQL server: the fixture itself, or these fixtures' PostgreSQL params
+# (which reach the server through request.getfixturevalue, out of fixturenames' sight).
+POSTGRES_PARAMS = {"database_url": {"asyncpg", "psycopg"}, "cluster_url": {"postgresql"}}
+MARKED_BY = {
+    "postgres": "postgres",  # a real PostgreSQL server
+    "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
+    "browser": "browser",  # headless Chromium (tests/test_page_browser.py)
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params: dict[str, object] = callspec.params if callspec is not None else {}
+        for fixture, marker in MARKED_BY.items():
+            if fixture in fixtures:
+                item.add_marker(marker)
+        if any(params.get(fixture) in values for fixture, values in POSTGRES_PARAMS.items()):
+            item.add_marker("postgres")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -124,20 +148,6 @@ async def open_store(engine: AsyncEngine, **options: Any) -> AsyncIterator[SQLAl
         yield store
     finally:
         await store.close()
-
-
-async def poll(
-    check: Callable[[], bool | Awaitable[bool]], *, within: float = 10.0, every: float = 0.02
-) -> None:
-    """Until ``check()`` holds, or fail after ``within`` seconds. For what another
-    task or the database does in real time: a fixed sleep counts on the process
-    not pausing (a garbage collection here takes up to 0.3 s), a poll does not."""
-    with anyio.fail_after(within):
-        while True:
-            held = check()
-            if held if isinstance(held, bool) else await held:
-                return
-            await anyio.sleep(every)
 
 
 async def claim1(store: Store, job: str, tick: float) -> int | None:

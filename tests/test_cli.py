@@ -13,7 +13,7 @@ import pytest
 
 from fastapi_jobs._cli import main
 
-from .cluster import ROOT
+from .support.cluster import ROOT
 
 
 def test_next_prints_the_next_run_times_in_the_zone_and_utc(

@@ -16,7 +16,8 @@ from fastapi_jobs import JobContext, Scheduler
 from fastapi_jobs._dispatcher import WATCH_EVERY
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START, poll
+from .conftest import START
+from .support.waiting import poll
 
 
 class SteppedTime:

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from .apps.race import race
-from .cluster import App, rows, start
-from .postgres import PostgresServer, wait_until
+from .support.cluster import App, rows, start
+from .support.postgres import PostgresServer
+from .support.waiting import wait_until
 
 
 @pytest.fixture
@@ -115,18 +116,16 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
 
 
 @pytest.mark.parametrize(
-    ("backend", "rounds"), [("asyncpg", 1000), ("psycopg", 300), ("sqlite", 300)]
+    ("database_url", "rounds"),
+    [("asyncpg", 1000), ("psycopg", 300), ("sqlite", 300)],
+    indirect=["database_url"],
 )
 def test_eight_processes_race_for_each_tick_and_one_wins(
-    backend: str, rounds: int, tmp_path: Path, request: pytest.FixtureRequest
+    database_url: str, rounds: int, tmp_path: Path
 ) -> None:
     """8 processes claim the same tick at once, round after round: exactly one winner
     each time, and the fence grows by one per win."""
-    if backend == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp_path / 'race.sqlite3'}"
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        url = server.url(server.create_database(), driver=backend)
+    url = database_url
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(8)
     outs = [tmp_path / f"won{i}.json" for i in range(8)]

@@ -19,9 +19,9 @@ import httpx
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from .cluster import ROOT, App, rows, start
 from .conftest import claim1, open_store, release1
-from .postgres import wait_until
+from .support.cluster import ROOT, App, rows, start
+from .support.waiting import wait_until
 
 # An interval no tick of which comes during a test: with 3600 the tests failed
 # when they ran across a full hour (a scheduled tick beside the triggers, and a

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from example_app import main
 
 from .conftest import serve
-from .postgres import free_port
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

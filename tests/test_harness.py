@@ -1,5 +1,5 @@
 """The suite's own tools hold when the machine is loaded: the uvicorn harness
-(tests/cluster.py) and the pauser (tests/pauses.py)."""
+(tests/support/cluster.py) and the pauser (tests/support/pauses.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from .cluster import ROOT, App
+from .support.cluster import ROOT, App
 
 
 def test_an_app_counts_as_started_once_it_listens(tmp_path: Path, apps: list[App]) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from fastapi_jobs import ConfigurationError, Every, Scheduler
 
-from .conftest import HOUR, poll, virtual_scheduler
+from .conftest import HOUR, virtual_scheduler
+from .support.waiting import poll
 
 pytestmark = pytest.mark.looptime
 

@@ -22,9 +22,9 @@ from fastapi_jobs import ConfigurationError, Cron, Ended, Every, JobContext, Sch
 from fastapi_jobs.metrics import DURATION_BUCKETS, LATENESS_BUCKETS, instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .cluster import App, rows
-from .conftest import HOUR, START, claim1, poll, serve, virtual_scheduler
-from .postgres import wait_until
+from .conftest import HOUR, START, claim1, serve, virtual_scheduler
+from .support.cluster import App, rows
+from .support.waiting import poll, wait_until
 from .test_store import opened
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

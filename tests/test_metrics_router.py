@@ -27,7 +27,8 @@ from fastapi_jobs._scrape import Exposition, forget_dead_processes
 from fastapi_jobs.metrics import Metrics, instrument
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import HOUR, poll, serve, virtual_scheduler
+from .conftest import HOUR, serve, virtual_scheduler
+from .support.waiting import poll
 from .test_metrics import parse, value
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from .apps.page_app import HOSTILE, SCRIPT_ERROR
-from .cluster import App
-from .postgres import wait_until
+from .support.cluster import App
+from .support.waiting import wait_until
 
 PASSWORD = "s3cret-for-the-page"
 JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE]

@@ -12,7 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .postgres import free_port, wait_until
+from .support.ports import free_port
+from .support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"

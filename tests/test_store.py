@@ -24,7 +24,8 @@ from fastapi_jobs import (
 )
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START, claim1, open_store, poll, release1
+from .conftest import START, claim1, open_store, release1
+from .support.waiting import poll
 
 
 @asynccontextmanager

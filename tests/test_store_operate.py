@@ -17,7 +17,8 @@ from fastapi import FastAPI
 from fastapi_jobs import Ended, Every, JobContext, Scheduler, StoreError, _heartbeat
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, poll, serve
+from .conftest import claim1, serve
+from .support.waiting import poll
 from .test_store import opened
 
 NOW = 1_000.0  # ticks far in the database clock's past: claimable

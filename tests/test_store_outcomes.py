@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from fastapi_jobs import Instance, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, poll, serve
+from .conftest import claim1, serve
+from .support.waiting import poll
 
 
 def control_app(scheduler: Scheduler) -> FastAPI:

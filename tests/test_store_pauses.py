@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from fastapi_jobs import ClusterView, Instance, Scheduler, StoreError
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, poll, serve
+from .conftest import claim1, serve
+from .support.waiting import poll
 from .test_store import opened
 
 

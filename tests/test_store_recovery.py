@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from fastapi_jobs import Ended, Every, Instance, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import poll
+from .support.waiting import poll
 from .test_store import opened
 
 T = TypeVar("T")

@@ -31,7 +31,7 @@ from . import (
     test_run_now,
     test_tracing,
 )
-from .conftest import poll
+from .support.waiting import poll
 
 
 def test_jobs_tick_and_stop_on_trio() -> None:

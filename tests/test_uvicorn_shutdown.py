@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-from .postgres import wait_until
+from .support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # uvicorn re-raises the captured SIGTERM once it has shut down gracefully.

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from .ports import free_port
 
 BIN_DIRS = [
     "/usr/lib/postgresql/15/bin",
@@ -29,12 +29,6 @@ def find_bin() -> Path | None:
             return Path(d)
     found = shutil.which("initdb")
     return Path(found).parent if found else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -122,11 +116,3 @@ class PostgresServer:
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def wait_until(predicate: object, timeout: float = 30, step: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(step)

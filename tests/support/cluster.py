@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-ROOT = Path(__file__).resolve().parent.parent
+from .ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sync_url(url: str) -> str:
@@ -97,13 +98,6 @@ class App:
             os.killpg(self.proc.pid, signal.SIGKILL)  # workers left behind, if any
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(url: str, count: int, **env: object) -> list[App]:

@@ -1,6 +1,6 @@
 """Take the README's screenshot of the example app's status page.
 
-    python -m tests.screenshot   # writes example_app/status-page.png
+    python -m tests.support.screenshot   # writes example_app/status-page.png
 
 Starts the example app (uvicorn, a temporary SQLite file), runs its jobs a few
 times through the control endpoints (refresh_rates fails every third call), and
@@ -20,9 +20,10 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import sync_playwright
 
-from .postgres import free_port, wait_until
+from .ports import free_port
+from .waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "screenshot-token"
 
 
