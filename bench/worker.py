@@ -107,7 +107,7 @@ async def start_fastapi_jobs(rec: Recorder, n: int, interval: float, offset: flo
 
     scheduler = Scheduler(history=int(os.environ.get("BENCH_MEMORY_HISTORY", "50")))
     if os.environ.get("BENCH_OBSERVER"):  # a plain observer of starts and ends: the hooks' cost
-        from fastapi_jobs import Observer, RunFinished, RunStarted
+        from fastapi_jobs.observers import Observer, RunFinished, RunStarted
 
         class Counting(Observer):
             def __init__(self) -> None:

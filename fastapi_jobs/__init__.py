@@ -1,6 +1,15 @@
-"""Scheduled jobs that start and stop with your FastAPI app."""
+"""Scheduled jobs that start and stop with your FastAPI app.
 
-from ._clock import Clock, LoopClock, SystemClock
+Public modules beside this one: ``fastapi_jobs.stores`` (claims in the app's
+database), ``fastapi_jobs.observers`` (run hooks), ``fastapi_jobs.testing``
+(virtual time), ``fastapi_jobs.metrics`` (Prometheus), ``fastapi_jobs.tracing``
+(OpenTelemetry).
+"""
+
+import warnings as _warnings
+from typing import Any as _Any
+
+from ._clock import Clock, SystemClock
 from ._context import JobContext
 from ._control import TriggeredRun
 from ._errors import (
@@ -14,8 +23,7 @@ from ._errors import (
     UnconfirmedError,
 )
 from ._job import Job
-from ._observe import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
-from ._runner import RunResult
+from ._results import RunResult
 from ._scheduler import Scheduler
 from ._schedules import Cron, Every, Schedule
 from ._status import (
@@ -28,7 +36,6 @@ from ._status import (
     PauseState,
     RunRecord,
 )
-from ._store import Ended, Instance, Store
 
 __all__ = [
     "Clock",
@@ -36,34 +43,62 @@ __all__ = [
     "ClusterView",
     "ConfigurationError",
     "Cron",
-    "Ended",
     "ErrorInfo",
     "Every",
     "FastAPIJobsError",
-    "Instance",
     "InstanceStatus",
     "Job",
     "JobContext",
     "JobNotFoundError",
     "JobRunningError",
     "JobStatus",
-    "LeaseLost",
     "LeaseLostError",
-    "LoopClock",
     "NotRunningError",
-    "Observer",
     "Outcome",
     "PauseState",
-    "RunFinished",
     "RunRecord",
     "RunResult",
-    "RunStarted",
     "Schedule",
     "Scheduler",
-    "Store",
     "StoreError",
     "SystemClock",
-    "TickSkipped",
     "TriggeredRun",
     "UnconfirmedError",
 ]
+
+# Shown as fastapi_jobs.Scheduler (in reprs, tracebacks, docs), not by the
+# private module that defines it.
+for _name in __all__:
+    _member = globals()[_name]
+    if isinstance(_member, type):
+        _member.__module__ = __name__
+del _name, _member
+
+# Names that moved to the public module that holds their concern (issue 17); kept
+# here for one release, with a warning that says where they went.
+_MOVED = {
+    "LoopClock": "fastapi_jobs.testing",
+    "Observer": "fastapi_jobs.observers",
+    "RunStarted": "fastapi_jobs.observers",
+    "RunFinished": "fastapi_jobs.observers",
+    "TickSkipped": "fastapi_jobs.observers",
+    "LeaseLost": "fastapi_jobs.observers",
+    "Store": "fastapi_jobs.stores",
+    "Ended": "fastapi_jobs.stores",
+    "Instance": "fastapi_jobs.stores",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _warnings.warn(
+        f"fastapi_jobs.{name} moved to {moved}: import it from there "
+        f"(from {moved} import {name}); the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from importlib import import_module
+
+    return getattr(import_module(moved), name)

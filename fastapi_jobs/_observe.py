@@ -166,7 +166,7 @@ class Observers:
         if not hooks:
             raise ConfigurationError(
                 f"{short(observer)} is not an observer: give it one or more of the methods "
-                f"{', '.join(KINDS)} (see fastapi_jobs.Observer)"
+                f"{', '.join(KINDS)} (see fastapi_jobs.observers.Observer)"
             )
         for kind, method in hooks.items():
             is_async = inspect.iscoroutinefunction(method)

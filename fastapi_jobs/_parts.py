@@ -91,7 +91,7 @@ def check_parts(lifespan: object, logger: object, store: object, clock: object) 
     # not against a list kept here beside them.
     if store is not None and not isinstance(store, Store):
         raise ConfigurationError(
-            f"Scheduler(store={short(store)}) is not a store (fastapi_jobs.Store says "
+            f"Scheduler(store={short(store)}) is not a store (fastapi_jobs.stores.Store says "
             "what one has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
         )
     if clock is not None and not isinstance(clock, Clock):

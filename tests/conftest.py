@@ -20,8 +20,9 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fastapi_jobs import Ended, Instance, LoopClock, Outcome, Scheduler, Store
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import Outcome, Scheduler
+from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore, Store
+from fastapi_jobs.testing import LoopClock
 
 from .support.cluster import App
 from .support.postgres import PostgresServer

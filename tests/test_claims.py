@@ -18,8 +18,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fastapi_jobs import Ended, Every, JobContext, Scheduler, TickSkipped
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import Every, JobContext, Scheduler
+from fastapi_jobs.observers import TickSkipped
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .support.instances import accounted, engine_for, first_runs, hold_lock, instance
 from .support.waiting import poll

@@ -15,9 +15,8 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from fastapi_jobs import Instance
 from fastapi_jobs._cli import main
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .apps import cli_app
 from .support.cluster import ROOT, rows, sync_url

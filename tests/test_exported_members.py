@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
+
 import fastapi_jobs
 
 
 def test_exported_members() -> None:
-    """Everything in __all__ is defined, public, and nothing private leaks."""
+    """Everything in __all__ is defined and public, nothing else is, and each
+    shows as the package's own (``fastapi_jobs.Scheduler``), not as the private
+    module that defines it."""
     assert fastapi_jobs.__all__ == sorted(fastapi_jobs.__all__)
     assert set(fastapi_jobs.__all__) == {
         "Clock",
@@ -14,52 +20,76 @@ def test_exported_members() -> None:
         "ClusterView",
         "ConfigurationError",
         "Cron",
-        "Ended",
         "ErrorInfo",
         "Every",
         "FastAPIJobsError",
-        "Instance",
         "InstanceStatus",
         "Job",
         "JobContext",
         "JobNotFoundError",
         "JobRunningError",
         "JobStatus",
-        "LeaseLost",
         "LeaseLostError",
-        "LoopClock",
         "NotRunningError",
-        "Observer",
         "Outcome",
         "PauseState",
-        "RunFinished",
         "RunRecord",
         "RunResult",
-        "RunStarted",
         "Schedule",
         "Scheduler",
-        "Store",
         "StoreError",
         "SystemClock",
-        "TickSkipped",
         "TriggeredRun",
         "UnconfirmedError",
     }
     public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
     # Public submodules show as attributes once imported (by another test).
-    assert public - {"stores", "metrics", "tracing"} == set(fastapi_jobs.__all__)
+    submodules = {"stores", "metrics", "tracing", "observers", "testing"}
+    assert public - submodules == set(fastapi_jobs.__all__)
     for name in fastapi_jobs.__all__:
-        member = getattr(fastapi_jobs, name)
         if name == "Outcome":  # a Literal alias: it has no module of its own
             continue
-        assert member.__module__.startswith("fastapi_jobs._"), name
+        assert getattr(fastapi_jobs, name).__module__ == "fastapi_jobs", name
 
 
-def test_stores_module_exports() -> None:
-    """fastapi_jobs.stores is a public module of its own, imported only when used."""
-    import fastapi_jobs.stores
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("fastapi_jobs.stores", ["Ended", "Instance", "SQLAlchemyStore", "Store"]),
+        (
+            "fastapi_jobs.observers",
+            ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"],
+        ),
+        ("fastapi_jobs.testing", ["LoopClock"]),
+    ],
+)
+def test_each_public_module_exports_its_own(module: str, names: list[str]) -> None:
+    """A concern's public module: its __all__, each name shown as that module's."""
+    imported = importlib.import_module(module)
+    assert imported.__all__ == names
+    for name in names:
+        assert getattr(imported, name).__module__ == module, name
 
-    assert fastapi_jobs.stores.__all__ == ["SQLAlchemyStore"]
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("LoopClock", "fastapi_jobs.testing"),
+        ("Observer", "fastapi_jobs.observers"),
+        ("RunFinished", "fastapi_jobs.observers"),
+        ("Store", "fastapi_jobs.stores"),
+        ("Ended", "fastapi_jobs.stores"),
+        ("Instance", "fastapi_jobs.stores"),
+    ],
+)
+def test_a_moved_name_still_imports_with_a_warning_saying_where(name: str, module: str) -> None:
+    """The names that moved to their concern's module are kept for one release:
+    importing them from the package warns, naming the new place."""
+    with pytest.warns(DeprecationWarning, match=f"moved to {module}: import it from there"):
+        old = getattr(fastapi_jobs, name)
+    assert old is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        fastapi_jobs.Nope  # noqa: B018
 
 
 def test_the_operators_modules_are_optional_and_imported_only_when_used() -> None:

@@ -20,8 +20,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from fastapi_jobs import Every, JobContext, JobRunningError, LeaseLost, StoreError, tracing
+from fastapi_jobs import Every, JobContext, JobRunningError, StoreError, tracing
 from fastapi_jobs.metrics import instrument
+from fastapi_jobs.observers import LeaseLost
 
 from .conftest import open_store
 from .support.instances import engine_for, hold_lock, instance

@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import pytest
 
-from fastapi_jobs import JobContext, LoopClock, Scheduler
+from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs.testing import LoopClock
 
 from .conftest import HOUR, START, virtual_scheduler
 

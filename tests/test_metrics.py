@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_jobs import ConfigurationError, Cron, Ended, Every, JobContext, Scheduler
+from fastapi_jobs import ConfigurationError, Cron, Every, JobContext, Scheduler
 from fastapi_jobs.metrics import DURATION_BUCKETS, LATENESS_BUCKETS, instrument
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .conftest import HOUR, START, claim1, serve, virtual_scheduler
 from .support.cluster import App, rows

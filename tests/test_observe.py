@@ -9,16 +9,8 @@ from datetime import timedelta
 import anyio
 import pytest
 
-from fastapi_jobs import (
-    ConfigurationError,
-    Every,
-    JobContext,
-    LeaseLost,
-    Observer,
-    RunFinished,
-    RunStarted,
-    TickSkipped,
-)
+from fastapi_jobs import ConfigurationError, Every, JobContext
+from fastapi_jobs.observers import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
 
 from .conftest import HOUR, START, virtual_scheduler
 

@@ -219,7 +219,7 @@ async def test_with_the_store_down_the_page_still_answers_and_says_so() -> None:
 
 
 async def test_recent_runs_reads_the_last_runs_of_many_jobs_at_once(database_url: str) -> None:
-    from fastapi_jobs import Ended
+    from fastapi_jobs.stores import Ended
 
     from .conftest import claim1
 

@@ -212,7 +212,9 @@ def test_the_api_table_gives_each_call_its_real_parameters() -> None:
 def test_the_api_table_names_every_public_name() -> None:
     """Every name the package and its public modules export is in the API table."""
     import fastapi_jobs.metrics
+    import fastapi_jobs.observers
     import fastapi_jobs.stores
+    import fastapi_jobs.testing
     import fastapi_jobs.tracing
 
     table = " ".join(f"{called} {what}" for called, what in api_table())
@@ -221,6 +223,8 @@ def test_the_api_table_names_every_public_name() -> None:
     exported = [
         *fastapi_jobs.__all__,
         *fastapi_jobs.stores.__all__,
+        *fastapi_jobs.observers.__all__,
+        *fastapi_jobs.testing.__all__,
         *fastapi_jobs.metrics.__all__,
         *fastapi_jobs.tracing.__all__,
     ]

@@ -13,16 +13,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import (
-    ConfigurationError,
-    Ended,
-    ErrorInfo,
-    Instance,
-    JobContext,
-    LeaseLostError,
-    StoreError,
-)
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import ConfigurationError, ErrorInfo, JobContext, LeaseLostError, StoreError
+from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 from .conftest import START, claim1, open_store, release1
 from .support.waiting import poll
@@ -528,16 +520,17 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
 
 
 def test_without_sqlalchemy_the_import_says_which_extra_to_install() -> None:
-    """`import fastapi_jobs.stores` without SQLAlchemy names the extras to install;
-    the core imports without it."""
+    """`from fastapi_jobs.stores import SQLAlchemyStore` without SQLAlchemy names
+    the extras to install; the core, and the store protocol, import without it."""
     import subprocess
     import sys
 
     code = (
         "import sys; sys.modules['sqlalchemy'] = None\n"
         "import fastapi_jobs\n"
+        "from fastapi_jobs.stores import Ended, Instance, Store\n"
         "try:\n"
-        "    import fastapi_jobs.stores\n"
+        "    from fastapi_jobs.stores import SQLAlchemyStore\n"
         "except ModuleNotFoundError as exc:\n"
         "    print(exc)\n"
     )

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from fastapi_jobs import Ended, Every, JobContext, Scheduler, StoreError, _heartbeat
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import Every, JobContext, Scheduler, StoreError, _heartbeat
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .conftest import claim1, serve
 from .support.waiting import poll

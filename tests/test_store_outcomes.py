@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import Instance, Scheduler
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import Scheduler
+from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .conftest import claim1, serve
 from .support.waiting import poll

@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import Ended, Every, Instance, Scheduler
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs import Every, Scheduler
+from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 from .support.waiting import poll
 from .test_store import opened

@@ -147,7 +147,7 @@ class SQLAlchemyStore:
         self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
-        thousand rows); see :meth:`fastapi_jobs.Store.claim`."""
+        thousand rows); see :meth:`fastapi_jobs.stores.Store.claim`."""
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
@@ -238,7 +238,7 @@ class SQLAlchemyStore:
 
     async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
         """Release these claims in as few statements as can be; see
-        :meth:`fastapi_jobs.Store.release`."""
+        :meth:`fastapi_jobs.stores.Store.release`."""
         if not ended:
             return {}
         rows = [

@@ -189,7 +189,7 @@ _ENDED = {
     "attempts": sa.Integer,
     "manual": sa.Integer,
 }
-"""The columns of a release's rows (``fastapi_jobs.Ended``)."""
+"""The columns of a release's rows (``fastapi_jobs.stores.Ended``)."""
 
 
 def _history(runs: sa.Table, source: Any, owner: Any, *where: Any) -> Any:

@@ -8,8 +8,7 @@ from multiprocessing.synchronize import Barrier
 import anyio
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import Ended, Instance
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 
 def race(url: str, rounds: int, barrier: Barrier, out: str) -> None:

@@ -15,7 +15,8 @@ import anyio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fastapi_jobs import Every, JobContext, Scheduler, TickSkipped
+from fastapi_jobs import Every, JobContext, Scheduler
+from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 
 
