@@ -7,7 +7,7 @@ import math
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from datetime import timedelta
 from typing import Any, TypedDict
 
@@ -44,6 +44,8 @@ class JobOptions(TypedDict, total=False):
     paused: bool
     """Declared paused: it runs once an operator resumes it; default False."""
 
+
+_BUILT = object()  # Job.build's token
 
 OPTIONS = JobOptions.__optional_keys__
 """The names of the options, to refuse any other."""
@@ -94,6 +96,15 @@ class Job:
     """Whether a run that timed out is retried like a failed one."""
     paused: bool = False
     """Declared paused: the job waits for an operator's resume."""
+    built: InitVar[object] = None
+    """Only :meth:`build` passes its token: a Job is never made unchecked."""
+
+    def __post_init__(self, built: object) -> None:
+        if built is not _BUILT:
+            raise ConfigurationError(
+                "a Job is made by scheduler.add_job(func, schedule, ...) (or the every() and "
+                "cron() decorators), which check it; not by calling Job(...)"
+            )
 
     @property
     def declared_pause(self) -> float:
@@ -134,6 +145,7 @@ class Job:
             ),
             retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
             paused=flag("paused", o["paused"], context=said),
+            built=_BUILT,
         )
 
 

@@ -336,3 +336,14 @@ async def test_an_error_in_the_running_block_comes_out_as_raised() -> None:
 
 
 async def job() -> None: ...
+
+
+def test_a_job_is_made_only_through_its_checks() -> None:
+    """``Job(...)`` called directly would skip every check (a name with a slash, a
+    negative timeout): refused, saying how a job is made."""
+    from fastapi_jobs import Job
+
+    with pytest.raises(ConfigurationError, match=r"made by scheduler.add_job"):
+        Job("a/b", job, Every(hours=1), -1, False, False, True)
+    made = Scheduler().add_job(job, Every(hours=1), name="fine")
+    assert made.name == "fine" and made.timeout is None
