@@ -20,7 +20,6 @@ from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .apps import cli_app
 from .support.cluster import ROOT, rows, sync_url
-from .support.coverage import untraced
 from .support.postgres import PostgresServer
 from .support.waiting import wait_until
 
@@ -44,14 +43,10 @@ def started_runs(url: str) -> list[tuple[object, ...]]:
 
 
 def cli(url: str, *args: str, **env: object) -> subprocess.CompletedProcess[str]:
-    return run_cli(environment(url, **env), *args)
-
-
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fastapi_jobs", *args],
         cwd=ROOT,
-        env=env,
+        env=environment(url, **env),
         capture_output=True,
         text=True,
         timeout=60,
@@ -169,10 +164,7 @@ def test_the_clis_retries_end_before_the_jobs_next_tick(tmp_path: Path) -> None:
     """Nothing ticks in the CLI, and its retries are bounded by the job's next tick
     all the same: 50 retries of a job every 2 s end within its current period."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'cli.sqlite3'}"
-    # Untraced: the last attempt is cut 10 ms before the tick, and coverage's tracer
-    # made its ending and its release take longer than that.
-    env = untraced(environment(url, INTERVAL=2, FAIL=1, RETRIES=50))
-    failing = run_cli(env, "run", TARGET, "job0")
+    failing = cli(url, "run", TARGET, "job0", INTERVAL=2, FAIL=1, RETRIES=50)
     assert failing.returncode == 1, failing.stderr
     [(tick, attempts, finished)] = rows(
         url, "SELECT tick, attempts, finished_at FROM fastapi_jobs_runs WHERE job = 'job0'"
