@@ -130,13 +130,14 @@ def _count(n: int) -> int:
 
 
 def _next(expr: str, tz: str, n: int) -> int:
+    count = _count(n)  # before anything is printed
     try:
         cron = Cron(expr, tz=tz)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     print(cron.describe())
     ts = datetime.now(UTC).timestamp()
-    for _ in range(_count(n)):
+    for _ in range(count):
         ts = cron.next_after(ts)
         print(_when(ts, cron.tz))
     return OK
@@ -161,6 +162,11 @@ def load(target: str) -> tuple[Scheduler, Any]:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise UsageError(f"{target!r} is not MODULE:ATTR ({_TARGET_HELP})")
+    if module_name.startswith("."):
+        raise UsageError(
+            f"cannot import {module_name!r}: a relative name; give the module's full "
+            f"dotted name ({_TARGET_HELP})"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as uvicorn does: the app's own package
     try:

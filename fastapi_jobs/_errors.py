@@ -103,4 +103,6 @@ def short(value: object, limit: int = 60) -> str:
         return f"<{type(value).__name__} with a failing repr>"
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text)} characters)"
+    # The length of what was given (a string's own, not its repr's quotes).
+    size = len(value) if isinstance(value, str | bytes) else len(text)
+    return f"{text[:limit]}… ({size} characters)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import types
@@ -70,7 +71,13 @@ def check_options(options: JobOptions, where: str) -> None:
     knows (``where``: the method that took them)."""
     unknown = options.keys() - OPTIONS
     if unknown:
-        raise TypeError(f"Scheduler.{where}() got an unexpected keyword argument {min(unknown)!r}")
+        wrong = min(unknown)
+        close = difflib.get_close_matches(wrong, OPTIONS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TypeError(
+            f"Scheduler.{where}() got an unexpected keyword argument {wrong!r} "
+            f"({hint}the options are {', '.join(sorted(OPTIONS))})"
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)

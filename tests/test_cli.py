@@ -39,6 +39,8 @@ def test_next_prints_the_next_run_times_in_the_zone_and_utc(
         (["next", "@daily", "--tz", "Mars/Olympus"], "Mars/Olympus"),
         (["next", "@daily", "-n", "0"], "-n 0: must be from 1 to 1000"),
         (["list", "no_colon_here"], "is not MODULE:ATTR"),
+        (["list", ".main:app"], "'.main': a relative name"),
+        (["list", "../../etc:passwd"], "a relative name"),
         (["list", "tests.apps.plain_app:nope"], "has no attribute 'nope'"),
         (["list", "tests.apps.plain_app:ping"], "no Scheduler was found"),
         (["run", "tests.apps.plain_app:app", "<script>"], "no job named '<script>'"),
@@ -48,7 +50,9 @@ def test_bad_input_exits_2_saying_what_is_wrong(
     argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(argv) == 2
-    assert said in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert said in err
+    assert out == ""  # refused before anything is printed
 
 
 def test_list_finds_the_scheduler_from_the_app_and_shows_each_job(

@@ -52,10 +52,13 @@ async def test_each_background_task_of_a_running_scheduler_has_its_own_name(
 def test_an_unknown_option_is_refused_as_python_refuses_an_unknown_keyword(
     declare: object,
 ) -> None:
-    """A misspelt option is a TypeError naming the method and the keyword."""
+    """A misspelt option is a TypeError naming the method and the keyword, with
+    the option it is close to and the list of them."""
     scheduler = Scheduler()
     with pytest.raises(
-        TypeError, match=r"Scheduler\.\w+\(\) got an unexpected keyword argument 'retrys'"
+        TypeError,
+        match=r"Scheduler\.\w+\(\) got an unexpected keyword argument 'retrys' "
+        r"\(did you mean 'retries'\? the options are catch_up, every_instance, name, ",
     ):
         declare(scheduler)  # type: ignore[operator]
     assert scheduler.jobs == {}
