@@ -14,9 +14,10 @@ from typing import Any
 
 import anyio
 
+from ._checks import flag
 from ._claims import Claims
 from ._control import TriggeredRun
-from ._errors import JobRunningError, NotRunningError, StoreError
+from ._errors import ConfigurationError, JobRunningError, NotRunningError, StoreError, short
 from ._history import run_id
 from ._parts import Parts
 from ._reading import Reader
@@ -38,6 +39,7 @@ class Operator:
         self._reader = reader
 
     async def trigger(self, name: str, *, wait: bool) -> TriggeredRun:
+        flag("wait", wait, context="trigger(): ")
         triggered = await self.start(name, self._parts.ticking.now(), by_hand=True)
         if wait:
             await triggered.wait()
@@ -145,6 +147,11 @@ class Operator:
         if state is None:
             running = self._life.running
             state = running.state if running is not None else {}
+        elif not isinstance(state, Mapping):
+            raise ConfigurationError(
+                f"run_now(state={short(state)}): pass a mapping (what the app's lifespan "
+                "yields, e.g. {'db': engine}), or nothing for the running app's"
+            )
         tick = self._parts.clock.now()
         ran = await runner.attempts(tick, state, Manual())
         return RunResult.of(name, datetime.fromtimestamp(tick, UTC), ran)

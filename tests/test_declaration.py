@@ -347,3 +347,15 @@ def test_a_job_is_made_only_through_its_checks() -> None:
         Job("a/b", job, Every(hours=1), -1, False, False, True)
     made = Scheduler().add_job(job, Every(hours=1), name="fine")
     assert made.name == "fine" and made.timeout is None
+
+
+async def test_trigger_and_run_now_refuse_what_they_cannot_take() -> None:
+    """``trigger(wait="yes")`` and ``run_now(state=5)`` were taken as given: a
+    string for a flag, and a job's ``ctx.state`` that is not a mapping."""
+    scheduler = Scheduler()
+    scheduler.every(hours=1)(job)
+    with pytest.raises(ConfigurationError, match="wait='yes': pass True or False"):
+        await scheduler.trigger("job", wait="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"run_now\(state=5\): pass a mapping"):
+        await scheduler.run_now("job", state=5)  # type: ignore[arg-type]
+    assert (await scheduler.run_now("job", state={"db": None})).ok
