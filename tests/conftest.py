@@ -151,6 +151,17 @@ async def open_store(engine: AsyncEngine, **options: Any) -> AsyncIterator[SQLAl
         await store.close()
 
 
+async def pause_in_store(url: str, job: str) -> None:
+    """Pause ``job`` in the store at ``url`` until resumed (as an operator did
+    before the app started)."""
+    store = SQLAlchemyStore(url)
+    await store.open({}, Instance())
+    try:
+        await store.pause(job, None)
+    finally:
+        await store.close()
+
+
 async def claim1(store: Store, job: str, tick: float) -> int | None:
     """One claim through the store's batch call: the fence, or None if held elsewhere."""
     fence = (await store.claim([(job, tick)])).get(job)

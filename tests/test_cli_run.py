@@ -16,9 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from fastapi_jobs._cli import main
-from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .apps import cli_app
+from .conftest import pause_in_store
 from .support.cluster import ROOT, rows, sync_url
 from .support.postgres import PostgresServer
 from .support.waiting import wait_until
@@ -51,15 +51,6 @@ def cli(url: str, *args: str, **env: object) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=60,
     )
-
-
-async def pause_in_store(url: str, job: str) -> None:
-    store = SQLAlchemyStore(url)
-    await store.open({}, Instance())
-    try:
-        await store.pause(job, None)
-    finally:
-        await store.close()
 
 
 @pytest.mark.parametrize("paused_by", ["declared", "operator", "operator, every_instance"])

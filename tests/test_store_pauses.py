@@ -17,9 +17,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import ClusterView, Scheduler, StoreError
-from fastapi_jobs.stores import Instance, SQLAlchemyStore
+from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import claim1, serve
+from .conftest import claim1, pause_in_store, serve
 from .support.waiting import poll
 from .test_store import opened
 
@@ -336,16 +336,6 @@ async def test_a_pauses_table_from_before_versions_gets_its_column(database_url:
         await engine.dispose()
 
 
-async def pause_first(url: str, job: str) -> None:
-    """Pause ``job`` in the store (as an operator did before this start)."""
-    store = SQLAlchemyStore(url)
-    await store.open({}, Instance())
-    try:
-        await store.pause(job, None)
-    finally:
-        await store.close()
-
-
 async def test_an_every_instance_pause_holds_while_the_store_cannot_be_read(
     database_url: str,
 ) -> None:
@@ -353,7 +343,7 @@ async def test_an_every_instance_pause_holds_while_the_store_cannot_be_read(
     pauses cannot be read (their table locked past the timeout): no claim guards
     that job, so it fails closed, skipping its ticks as store_unavailable until
     the store's pauses are read, then as paused. It never runs."""
-    await pause_first(database_url, "refresh")
+    await pause_in_store(database_url, "refresh")
     store = SQLAlchemyStore(database_url, lease=3, timeout=0.5, heartbeat=0.3)
     scheduler = Scheduler(store=store, shutdown_timeout=2)
     ran: list[int] = []
