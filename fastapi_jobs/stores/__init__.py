@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._distribution import NAME, install_hint
 from .._store import Ended, Instance, Store
 
 if TYPE_CHECKING:
@@ -36,10 +37,9 @@ def __getattr__(name: str) -> Any:
         if exc.name != "sqlalchemy":
             raise
         raise ModuleNotFoundError(
-            "SQLAlchemyStore needs SQLAlchemy and a driver: install fastapi_jobs with the "
+            f"SQLAlchemyStore needs SQLAlchemy and a driver: install {NAME} with the "
             "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
-            "pip install '.[sqlite]' in its repository, or install sqlalchemy[asyncio] "
-            "and the driver yourself",
+            f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself",
             name=exc.name,
         ) from exc
     SQLAlchemyStore.__module__ = __name__
