@@ -31,7 +31,7 @@ class Clock(Protocol):
 
     def sleep_until(self, ts: float) -> Awaitable[None]:
         """Sleep until about ``ts``. Waking a little early is fine: the
-        scheduler reads :meth:`now` after waking and sleeps again if needed."""
+        scheduler reads `now` after waking and sleeps again if needed."""
         ...
 
 
@@ -82,9 +82,9 @@ class OffsetClock:
     With a store, the scheduler shifts its clock onto the database's: app
     hosts may be seconds apart, and a host that ticks early would claim the
     next tick before the others reach the current one. The offset is measured
-    at each instance heartbeat against :meth:`local`.
+    at each instance heartbeat against `local`.
 
-    Over the system clock, :meth:`local` is the monotonic clock (anchored once
+    Over the system clock, `local` is the monotonic clock (anchored once
     to the wall clock): a step of this host's wall clock (NTP, a VM resumed, an
     operator's ``date -s``) then moves nothing, where reading ``time.time()``
     would put every tick off by the step until the next heartbeat, and the

@@ -12,6 +12,7 @@ import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -90,11 +91,11 @@ async def test_a_complete_block_runs(
                     assert wrong.status_code == 401
                 page = await client.get("/jobs/ui", auth=("admin", "readme-token"))
                 assert page.status_code == 200
-                logins = [{"auth": ("admin", "readme-token")}]
+                logins: list[dict[str, Any]] = [{"auth": ("admin", "readme-token")}]
                 if "HTTPBearer" in code:
                     logins.append({"headers": {"Authorization": "Bearer readme-token"}})
                 for login in logins:
-                    listed = await client.get("/jobs", **login)  # type: ignore[arg-type]
+                    listed = await client.get("/jobs", **login)
                     assert listed.status_code == 200
                     assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
             results = [await scheduler.run_now(name) for name in scheduler.jobs]
@@ -323,3 +324,37 @@ def test_sys_exit_is_a_failed_run_unless_raised_in_a_task_the_job_starts(
         cwd=ROOT,
     )
     assert (ran.returncode, ran.stdout.strip()) == (code, said), ran.stderr
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors of a page's headings, as Python-Markdown's toc makes them."""
+    found = set()
+    for heading in re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M
+    ):
+        slug = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+        found.add(re.sub(r"[-\s]+", "-", slug))
+    return found
+
+
+def test_the_readme_is_what_a_newcomer_reads_first_and_its_links_work() -> None:
+    """At most 150 lines, and each relative link names a file of the repository
+    (and a heading of it): the README is read on the forge, outside the docs
+    site, where mkdocs --strict does not check it."""
+    assert len(README.splitlines()) <= 150
+    links = re.findall(r"\]\(([^)\s]+)\)", README)
+    local = [link for link in links if not re.match(r"https?://", link)]
+    assert len(local) >= 10
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.is_file(), link
+        if anchor:
+            assert anchor in _anchors(target.read_text()), link
+
+
+def test_the_docs_wheel_command_names_this_version() -> None:
+    """The install page's wheel is the one `python -m build` makes of this version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wheels = re.findall(r"fastapi_scheduled_jobs-([^-]+)-py3-none-any\.whl", page("index"))
+    assert wheels and set(wheels) == {project["version"]}

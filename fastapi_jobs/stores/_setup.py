@@ -25,7 +25,7 @@ _ATTEMPTS = 5
 
 async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) -> None:
     """Check that the store's tables exist (and create the missing ones if
-    ``create``); raise :class:`StoreError` if they cannot be used."""
+    ``create``); raise `StoreError` if they cannot be used."""
     names = [t.name for t in tables.metadata.sorted_tables]
 
     def check(sync_conn: sa.Connection) -> list[str]:

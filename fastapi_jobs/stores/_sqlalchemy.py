@@ -58,7 +58,7 @@ class SQLAlchemyStore:
     share the database, while leases are honoured: a run renews its lease
     every ``lease / 3`` and is cancelled if it cannot. The tables
     (``fastapi_jobs_claims``, ``_instances``, ``_pauses``, ``_runs``) are
-    created on first use unless ``create_tables=False``; :meth:`ddl` prints
+    created on first use unless ``create_tables=False``; `ddl` prints
     their DDL.
 
     The run history keeps the last ``history`` runs of each job (0: none) for
@@ -147,7 +147,7 @@ class SQLAlchemyStore:
         self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
-        thousand rows); see :meth:`fastapi_jobs.stores.Store.claim`."""
+        thousand rows); see `fastapi_jobs.stores.Store.claim`."""
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
@@ -238,7 +238,7 @@ class SQLAlchemyStore:
 
     async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
         """Release these claims in as few statements as can be; see
-        :meth:`fastapi_jobs.stores.Store.release`."""
+        `fastapi_jobs.stores.Store.release`."""
         if not ended:
             return {}
         rows = [
@@ -302,7 +302,7 @@ class SQLAlchemyStore:
 
     async def _set_pause(self, job: str, *, paused: bool, until: float | None) -> int:
         """The change, made within ``timeout`` of this call or not at all, and
-        answered within twice that: its version, or :class:`StoreError` when it
+        answered within twice that: its version, or `StoreError` when it
         was not made, or another error when that cannot be told (the answer was
         lost after the statement went out)."""
         asked = asyncio.get_running_loop().time()
