@@ -42,7 +42,8 @@ def blocks(language: str) -> list[tuple[Path, str]]:
 
 
 BLOCKS = blocks("python")
-COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith("# fragment")]
+COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith(("# fragment", "# test"))]
+MODULES = [(path, code) for path, code in BLOCKS if code.startswith("# test module:")]
 
 
 def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
@@ -50,9 +51,44 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
     and say what they are a fragment of."""
     assert len(COMPLETE) >= 6
     assert any(path.name == "README.md" for path, _ in COMPLETE)
+    assert MODULES
     for path, code in BLOCKS:
-        if (path, code) not in COMPLETE:
+        if (path, code) not in COMPLETE + MODULES:
             assert re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
+
+
+@pytest.mark.parametrize(
+    ("path", "code"), MODULES, ids=[f"{path.stem}-{k}" for k, (path, _) in enumerate(MODULES)]
+)
+def test_a_test_module_shown_passes_under_pytest(path: Path, code: str, tmp_path: Path) -> None:
+    """A block that is a test module (`# test module: ...`) passes as a user's suite
+    runs it: its own pytest process, in a folder of its own, with pytest's and
+    pytest-asyncio's defaults (strict mode), and every test in it passing."""
+    (tmp_path / "test_shown.py").write_text(code)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "-W",
+            "error",
+            "test_shown.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    tests = len(re.findall(r"^(?:async )?def test_", code, re.M))
+    assert re.search(rf"\b{tests} passed\b", ran.stdout), ran.stdout
 
 
 @pytest.mark.parametrize(
