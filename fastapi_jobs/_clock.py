@@ -52,10 +52,13 @@ class LoopClock:
 
     ``start`` is the wall time at the moment the clock is first read. With
     `looptime`, which fast-forwards the loop's clock, an hourly job runs 24
-    times in a fraction of a real second::
+    times in a fraction of a real second:
 
-        clock = LoopClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-        scheduler = Scheduler(clock=clock)
+    ```python
+    # fragment: in a test under looptime
+    clock = LoopClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock)
+    ```
 
     It also works on a normal loop, where it runs at real speed.
     """

@@ -48,15 +48,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Scheduler:
     """The registry of jobs, and the lifespan that runs them.
 
-    Example::
+    Example:
 
-        scheduler = Scheduler(lifespan=resources)
+    ```python
+    # fragment: an app's main module, `resources` its own lifespan
+    scheduler = Scheduler(lifespan=resources)
 
-        @scheduler.every(hours=1)
-        async def expire_sessions(ctx: JobContext) -> None: ...
+    @scheduler.every(hours=1)
+    async def expire_sessions(ctx: JobContext) -> None: ...
 
-        app = FastAPI(lifespan=scheduler.lifespan)
-        app.include_router(scheduler.router)  # status at /jobs
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)  # status at /jobs
+    ```
 
     Args:
         lifespan: the app's own lifespan, entered first; what it yields (the

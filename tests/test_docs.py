@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,17 @@ def blocks(language: str) -> list[tuple[Path, str]]:
     return [(path, code) for path, text in TEXTS.items() for code in pattern.findall(text)]
 
 
-BLOCKS = blocks("python")
+def docstring_blocks() -> list[tuple[Path, str]]:
+    """The Python blocks of the library's docstrings, which the API reference shows."""
+    pattern = re.compile(r"^( *)```python\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
+    return [
+        (path, textwrap.dedent(indent_and_code[1]))
+        for path in sorted((ROOT / "fastapi_jobs").rglob("*.py"))
+        for indent_and_code in pattern.findall(path.read_text())
+    ]
+
+
+BLOCKS = blocks("python") + docstring_blocks()
 COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith(("# fragment", "# test"))]
 MODULES = [(path, code) for path, code in BLOCKS if code.startswith("# test module:")]
 
@@ -51,6 +62,7 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
     and say what they are a fragment of."""
     assert len(COMPLETE) >= 6
     assert any(path.name == "README.md" for path, _ in COMPLETE)
+    assert any(path.suffix == ".py" for path, _ in BLOCKS)  # the docstrings' too
     assert MODULES
     for path, code in BLOCKS:
         if (path, code) not in COMPLETE + MODULES:

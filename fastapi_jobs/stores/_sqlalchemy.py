@@ -50,9 +50,12 @@ class SQLAlchemyStore:
     """Claims and run history in the app's own PostgreSQL or SQLite database.
 
     ``engine`` is an ``AsyncEngine``, a URL, or a callable that picks the
-    engine out of the lifespan state (so claims share the app's pool)::
+    engine out of the lifespan state (so claims share the app's pool):
 
-        store = SQLAlchemyStore(lambda state: state["db"])
+    ```python
+    # fragment: with an app whose lifespan yields its engine as "db"
+    store = SQLAlchemyStore(lambda state: state["db"])
+    ```
 
     Each tick of each job then runs at most once across all instances that
     share the database, while leases are honoured: a run renews its lease
@@ -353,11 +356,14 @@ class SQLAlchemyStore:
 
         Add it to the WHERE clause of a job's own write, so that a run that
         lost its lease (paused, partitioned) cannot write after a newer run
-        has claimed the job::
+        has claimed the job:
 
-            await conn.execute(
-                update(ledger).where(ledger.c.id == 1, store.fenced(ctx)).values(...)
-            )
+        ```python
+        # fragment: in a job, `ledger` a table of the app's
+        await conn.execute(
+            update(ledger).where(ledger.c.id == 1, store.fenced(ctx)).values(...)
+        )
+        ```
         """
         if ctx.fence is None:
             raise LeaseLostError(
