@@ -406,3 +406,24 @@ def test_the_docs_wheel_command_names_this_version() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wheels = re.findall(r"fastapi_scheduled_jobs-([^-]+)-py3-none-any\.whl", page("index"))
     assert wheels and set(wheels) == {project["version"]}
+
+
+def test_the_pages_fastapi_jobs_next_commands_run_as_written() -> None:
+    """The schedule-checking commands shown need no app: each runs as written (by
+    the installed console script) and prints the run times it promises."""
+    import shlex
+
+    commands = [
+        line.split("#")[0].strip()
+        for _, code in blocks("bash")
+        for line in code.splitlines()
+        if line.startswith("fastapi-jobs next ")
+    ]
+    assert commands
+    script = Path(sys.executable).parent / "fastapi-jobs"
+    for command in commands:
+        args = shlex.split(command)[1:]
+        ran = subprocess.run([script, *args], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, (command, ran.stderr)
+        count = int(args[args.index("-n") + 1]) if "-n" in args else 5
+        assert len(ran.stdout.strip().splitlines()) >= count, ran.stdout
