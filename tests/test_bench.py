@@ -1,34 +1,97 @@
-"""The benchmark command runs (on a tiny N): it is no timing assertion, only a smoke test."""
+"""The benchmark command runs (on a tiny N): it is no timing assertion, only a smoke test.
+What it writes with ``--out`` is the generated tables alone, in BENCHMARKS.md's shape, and
+it never overwrites a file it did not write."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from bench.__main__ import MARKER, write_out
 
 from .support.coverage import untraced
 from .support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+NOTES = "# Notes written by hand\n\nA side-by-side run that no bench can measure again.\n"
+
+
+def skeleton(text: str) -> list[str]:
+    """What a run writes whatever its figures: headings (numbers masked), the section
+    markers, the reproduce line, each table's header, and the claims table's row names."""
+    lines = text.splitlines()
+    kept: list[str] = []
+    header = ""
+    for k, line in enumerate(lines[1:], start=1):  # line 0, the marker, names the command
+        if line.startswith(("#", "<!--", "Reproduce:", "(The whole run took")):
+            kept.append(re.sub(r"\d[\d,]*", "N", line))
+        elif k + 1 < len(lines) and lines[k + 1].startswith("|---"):
+            header = line
+            kept.append(line)
+        elif header == "| figure | value |" and line.startswith("| "):
+            kept.append(line.rsplit(" | ", 1)[0])
+    return kept
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        env=untraced(os.environ),  # the bench measures CPU per tick; traced, it took 120 s
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_bench_command_runs_on_a_tiny_n(tmp_path: Path, postgres: PostgresServer) -> None:
-    """`python -m bench --quick --claims --requests` writes a table with every implementation."""
+    """`python -m bench --quick --claims --requests --out` overwrites a file it wrote
+    (BENCHMARKS.md) with the tables alone, in BENCHMARKS.md's shape, every implementation
+    in them."""
     out = tmp_path / "BENCHMARKS.md"
-    subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--claims", "--requests", "--out", str(out)],
-        cwd=ROOT,
-        env=untraced(os.environ),  # the bench measures CPU per tick; traced, it took 120 s
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    out.write_text(BENCHMARKS.read_text())
+    bench("--quick", "--claims", "--requests", "--out", str(out)).check_returncode()
     text = out.read_text()
+    assert text.startswith(f"{MARKER} --quick --claims --requests --out {out}` ")
+    assert skeleton(text) == skeleton(BENCHMARKS.read_text())
+    assert BENCHMARKS.read_text().startswith(MARKER)
     for impl in ("minimal", "floor", "fastapi_jobs", "apscheduler", "repeat_every"):
         assert f"| {impl} | asyncio | 20 |" in text
     assert "| 20 / 20 |" in text  # every expected tick ran, for the floor at least
     [pairs] = [line for line in text.splitlines() if "most runs of one pair" in line]
     assert pairs.endswith(", 1 |")  # no (job, tick) ran twice across the 3 processes
-    assert "claims asked / claim statements sent" in text
-    assert "## Requests" in text
+
+
+def test_bench_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path) -> None:
+    """`--out` onto a file without the generated marker exits before measuring anything,
+    says what to do, and leaves the file as it was."""
+    notes = tmp_path / "notes.md"
+    notes.write_text(NOTES)
+    refused = bench("--quick", "--out", str(notes))
+    assert refused.returncode != 0
+    assert "refusing to overwrite" in refused.stderr
+    assert "Give --out a new file" in refused.stderr
+    assert refused.stdout == ""  # nothing measured: no implementation's figures printed
+    assert notes.read_text() == NOTES
+
+
+def test_the_write_checks_the_file_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file replaced by notes while the bench ran is not overwritten either, and the
+    run's tables are printed instead of lost."""
+    notes = tmp_path / "BENCHMARKS.md"
+    notes.write_text(NOTES)
+    with pytest.raises(SystemExit, match="refusing to overwrite"):
+        write_out(notes, "# Benchmarks\n")
+    assert notes.read_text() == NOTES
+    assert "# Benchmarks" in capsys.readouterr().out
+    fresh = tmp_path / "fresh.md"
+    write_out(fresh, "the tables")
+    assert fresh.read_text() == "the tables"
