@@ -1,7 +1,7 @@
 """Prometheus metrics of a scheduler: ``instrument(scheduler)``.
 
-Needs prometheus_client (the extra ``[prometheus]``: ``pip install '.[prometheus]'``
-in this project's clone). Serve them with the router of the :class:`Metrics`
+Needs prometheus_client (the extra ``fastapi-scheduled-jobs[prometheus]``).
+Serve them with the router of the :class:`Metrics`
 that ``instrument`` returns (this module has no ``router()``, so do not name
 that object ``metrics``)::
 
@@ -62,13 +62,15 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from ._distribution import NAME, install_hint
+
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, values
     from prometheus_client.core import Metric
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        "fastapi_jobs.metrics needs prometheus_client: install fastapi_jobs with its extra "
-        "[prometheus] (pip install '.[prometheus]' in its clone), or prometheus_client yourself"
+        f"fastapi_jobs.metrics needs prometheus_client: install {NAME} with its extra "
+        f"[prometheus], {install_hint('prometheus')}, or prometheus_client yourself"
     ) from exc
 
 from ._errors import ConfigurationError, short

@@ -1,7 +1,6 @@
 """OpenTelemetry spans of a scheduler's runs: ``instrument(scheduler)``.
 
-Needs the OpenTelemetry API only (the extra ``[otel]``: ``pip install '.[otel]'``
-in this project's clone); the
+Needs the OpenTelemetry API only (the extra ``fastapi-scheduled-jobs[otel]``); the
 app brings its SDK and exporter as for the rest of its tracing. Without one,
 the API's no-op tracer costs a few microseconds per run, and nothing else.
 
@@ -23,13 +22,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
+from ._distribution import NAME, install_hint
+
 try:
     from opentelemetry import context, metrics, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError(
-        "fastapi_jobs.tracing needs the OpenTelemetry API: install fastapi_jobs with its "
-        "extra [otel] (pip install '.[otel]' in its clone), or opentelemetry-api yourself"
+        f"fastapi_jobs.tracing needs the OpenTelemetry API: install {NAME} with its extra "
+        f"[otel], {install_hint('otel')}, or opentelemetry-api yourself"
     ) from exc
 
 from ._errors import ConfigurationError, short
@@ -40,7 +41,7 @@ __all__ = ["Tracing", "instrument"]
 
 _NS = 1_000_000_000
 try:
-    _VERSION = version("fastapi-jobs")
+    _VERSION = version(NAME)
 except PackageNotFoundError:  # pragma: no cover - run from a source tree
     _VERSION = "0"
 

@@ -1,6 +1,6 @@
-"""The README's alert rules, checked and unit-tested by promtool (Prometheus's
-own rule tester) on series shaped like the metrics' (two workers reporting the
-same cluster figures)."""
+"""The alert rules as the Prometheus page (docs/metrics.md) shows them, checked and
+unit-tested by promtool (Prometheus's own rule tester) on series shaped like the
+metrics' (two workers reporting the same cluster figures)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-(RULES,) = re.findall(r"```yaml\n(groups:.*?)```", README, re.DOTALL)
+PAGE = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+(RULES,) = re.findall(r"```yaml\n(groups:.*?)```", PAGE, re.DOTALL)
 
 UNIT_TESTS = """
 rule_files: [rules.yml]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 
@@ -31,3 +35,46 @@ def test_the_license_is_the_whole_mit_text() -> None:
     assert text.startswith("MIT License\n\nCopyright (c) ")
     assert "Permission is hereby granted, free of charge" in text
     assert text.rstrip().endswith("OTHER DEALINGS IN THE\nSOFTWARE.")
+
+
+def test_the_distribution_is_named_once_and_its_version_read_from_it() -> None:
+    """pyproject's name is the one the library tells users to install and reads its
+    version from (the span's instrumentation version), and the example extra
+    installs this distribution's own extras, not the other project's."""
+    from importlib.metadata import version
+
+    from fastapi_jobs._distribution import NAME
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == NAME == "fastapi-scheduled-jobs"
+    assert version(NAME) == project["version"]
+    (example,) = (dep for dep in project["optional-dependencies"]["example"] if "[" in dep)
+    assert example.startswith(f"{NAME}[")
+
+
+@pytest.mark.parametrize(
+    ("blocked", "statement", "extra"),
+    [
+        ("sqlalchemy", "from fastapi_jobs.stores import SQLAlchemyStore", "sqlite"),
+        ("prometheus_client", "import fastapi_jobs.metrics", "prometheus"),
+        ("opentelemetry", "import fastapi_jobs.tracing", "otel"),
+    ],
+)
+def test_a_missing_extra_names_this_distributions_extra(
+    blocked: str, statement: str, extra: str
+) -> None:
+    """Without the extra's library, the import says which extra of *this*
+    distribution to install (`fastapi-jobs` on the index is another project)."""
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "import fastapi_jobs\n"
+        "try:\n"
+        f"    {statement}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    sys.exit('imported')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert f"pip install 'fastapi-scheduled-jobs[{extra}]'" in out.stdout
+    assert f"pip install '.[{extra}]'" in out.stdout  # from a clone, before it is published

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._distribution import NAME, install_hint
 from .._store import Ended, Instance, Store
 
 if TYPE_CHECKING:
@@ -44,10 +45,9 @@ def __getattr__(name: str) -> Any:
         if exc.name != "sqlalchemy":
             raise
         raise ModuleNotFoundError(
-            f"{name} needs SQLAlchemy and a driver: install fastapi_jobs with the "
+            f"{name} needs SQLAlchemy and a driver: install {NAME} with the "
             "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
-            "pip install '.[sqlite]' in its repository, or install sqlalchemy[asyncio] "
-            "and the driver yourself",
+            f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself",
             name=exc.name,
         ) from exc
     value.__module__ = __name__

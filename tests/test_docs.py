@@ -1,5 +1,5 @@
-"""Every complete Python block of the README runs as written; the others say on
-their first line that they are fragments."""
+"""Every complete Python block of the README and of each docs page runs as written;
+the others say on their first line that they are fragments."""
 
 from __future__ import annotations
 
@@ -18,32 +18,57 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
+from fastapi_jobs._distribution import NAME
 from fastapi_jobs._job import DEFAULTS
 
 from .conftest import serve
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
-COMPLETE = [block for block in BLOCKS if not block.startswith("# fragment")]
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXTS = {page: page.read_text() for page in PAGES}
+README = TEXTS[ROOT / "README.md"]
 
 
-def test_the_readme_has_complete_blocks_and_marks_the_others() -> None:
-    """The Usage, fencing and offset examples are complete; fragments say so."""
-    assert len(COMPLETE) >= 3
-    assert all(block.startswith("# fragment:") for block in BLOCKS if block not in COMPLETE)
+def page(name: str) -> str:
+    """A docs page's text: ``page("jobs")`` is docs/jobs.md."""
+    return TEXTS[ROOT / "docs" / f"{name}.md"]
 
 
-@pytest.mark.parametrize("code", COMPLETE, ids=[f"block{k}" for k in range(len(COMPLETE))])
-async def test_a_complete_readme_block_runs(
-    code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def blocks(language: str) -> list[tuple[Path, str]]:
+    """Every fenced block of ``language`` on every page: (page, code)."""
+    pattern = re.compile(rf"^```{language}\n(.*?)^```", re.DOTALL | re.MULTILINE)
+    return [(path, code) for path, text in TEXTS.items() for code in pattern.findall(text)]
+
+
+BLOCKS = blocks("python")
+COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith("# fragment")]
+
+
+def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
+    """The README's example and the pages' examples are complete; fragments say so,
+    and say what they are a fragment of."""
+    assert len(COMPLETE) >= 6
+    assert any(path.name == "README.md" for path, _ in COMPLETE)
+    for path, code in BLOCKS:
+        if (path, code) not in COMPLETE:
+            assert re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    COMPLETE,
+    ids=[f"{path.stem}-{k}" for k, (path, _) in enumerate(COMPLETE)],
+)
+async def test_a_complete_block_runs(
+    path: Path, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The block runs in a fresh namespace (SQLite files in a temporary folder); its
     app serves /jobs behind its auth (or its metrics), and each of its jobs runs once."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("JOBS_TOKEN", "readme-token")
-    namespace: dict[str, object] = {"__name__": "readme_block"}
-    exec(compile(code, "README.md", "exec"), namespace)
+    namespace: dict[str, object] = {"__name__": "docs_block"}
+    exec(compile(code, str(path.relative_to(ROOT)), "exec"), namespace)
     scheduler = namespace["scheduler"]
     assert isinstance(scheduler, Scheduler) and scheduler.jobs
     app = namespace.get("app")
@@ -56,16 +81,22 @@ async def test_a_complete_readme_block_runs(
                 for name in scheduler.jobs:
                     assert f'fastapi_jobs_interval_seconds{{job_name="{name}"}}' in scraped
             else:
-                refused = await client.get("/jobs/ui")
-                assert refused.status_code == 401
-                # A browser asks for a password: its Basic login opens the page too.
-                assert refused.headers["www-authenticate"].startswith("Basic")
+                for where in ("/jobs", "/jobs/ui"):
+                    refused = await client.get(where)
+                    assert refused.status_code == 401
+                    # A browser asks for a password: its Basic login opens the page.
+                    assert refused.headers["www-authenticate"].startswith("Basic")
+                    wrong = await client.get(where, auth=("admin", "not-the-token"))
+                    assert wrong.status_code == 401
                 page = await client.get("/jobs/ui", auth=("admin", "readme-token"))
                 assert page.status_code == 200
-                admin = {"Authorization": "Bearer readme-token"}
-                listed = await client.get("/jobs", headers=admin)
-                assert listed.status_code == 200
-                assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
+                logins = [{"auth": ("admin", "readme-token")}]
+                if "HTTPBearer" in code:
+                    logins.append({"headers": {"Authorization": "Bearer readme-token"}})
+                for login in logins:
+                    listed = await client.get("/jobs", **login)  # type: ignore[arg-type]
+                    assert listed.status_code == 200
+                    assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
             results = [await scheduler.run_now(name) for name in scheduler.jobs]
     else:
         async with scheduler.running():
@@ -78,15 +109,18 @@ async def test_a_complete_readme_block_runs(
         assert result.ok or isinstance(result.error, LeaseLostError), result.error
 
 
-ROOT = Path(__file__).resolve().parent.parent
 INSTALL = re.compile(r"pip install ((?:(?:-e|--\S+) )*)('[^']*'|\S+)")
 
 
 def installs() -> list[tuple[str, str]]:
     """Every `pip install` the README and the library's messages tell users to run:
     (where, what it installs)."""
-    found = [("README.md", m.group(2)) for m in INSTALL.finditer(README)]
+    found = [
+        (path.name, m.group(2)) for path, text in TEXTS.items() for m in INSTALL.finditer(text)
+    ]
     for path in sorted((ROOT / "fastapi_jobs").rglob("*.py")):
+        if path.name == "_distribution.py":
+            continue  # its hint is formatted: test_packaging checks what it says
         text = path.read_text()
         found += [(path.name, m.group(2)) for m in INSTALL.finditer(text)]
     return found
@@ -94,8 +128,8 @@ def installs() -> list[tuple[str, str]]:
 
 def test_every_install_command_installs_this_project() -> None:
     """`pip install 'fastapi-jobs[...]'` installed another project of that name
-    from the package index: every install command shown installs this one (from
-    its clone), with extras it has."""
+    from the package index: every install command shown installs this one (by its
+    own distribution name, from its clone, or its built wheel), with extras it has."""
     with (ROOT / "pyproject.toml").open("rb") as file:
         extras = set(tomllib.load(file)["project"]["optional-dependencies"])
     commands = installs()
@@ -105,7 +139,10 @@ def test_every_install_command_installs_this_project() -> None:
         assert found is not None, f"{where}: pip install {target}"
         plain = found.group(1)
         path, _, wanted = plain.partition("[")
-        assert path in (".", "./"), f"{where}: pip install {target} is not this project"
+        ours = path in (".", "./", NAME) or re.fullmatch(
+            r"\S*/fastapi_scheduled_jobs-\S+\.whl", path
+        )
+        assert ours, f"{where}: pip install {target} is not this project"
         for extra in filter(None, wanted.rstrip("]").split(",")):
             assert extra in extras, f"{where}: pip install {target}: no extra {extra!r}"
 
@@ -113,7 +150,7 @@ def test_every_install_command_installs_this_project() -> None:
 def test_the_status_example_has_every_field_the_api_answers() -> None:
     """The README's `GET /jobs` example shows each field of JobStatus and of its
     `cluster`, no more, no less (it once lacked four that had landed)."""
-    example = json.loads(re.findall(r"```json\n(.*?)```", README, re.DOTALL)[0])
+    example = json.loads(re.findall(r"```json\n(.*?)```", page("jobs"), re.DOTALL)[0])
     assert set(example) == set(JobStatus.model_fields)
     assert set(example["cluster"]) == set(ClusterJobStatus.model_fields)
     JobStatus.model_validate(example)  # and each value has the right shape
@@ -121,7 +158,7 @@ def test_the_status_example_has_every_field_the_api_answers() -> None:
 
 def api_table() -> list[tuple[str, str]]:
     """The README's API table: (what is called, what it is), one pair a row."""
-    table = README.partition("\n## API\n")[2].strip("\n").partition("\n\n")[0]
+    table = page("reference").partition("\n## At a glance\n")[2].strip("\n").partition("\n\n")[0]
     rows = []
     for line in table.splitlines()[2:]:  # after the header
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
@@ -238,9 +275,9 @@ def test_no_snippet_rebinds_the_metrics_module() -> None:
     only on what has one."""
     import fastapi_jobs.metrics
 
-    for block in BLOCKS:
+    for _, block in BLOCKS:
         assert not re.search(r"^\s*metrics\s*(?::[^=]*)?=[^=]", block, re.MULTILINE), block
-    docs = README + (ROOT / "fastapi_jobs" / "metrics.py").read_text()
+    docs = "".join(TEXTS.values()) + (ROOT / "fastapi_jobs" / "metrics.py").read_text()
     if not hasattr(fastapi_jobs.metrics, "router"):
         assert re.findall(r"(?<![\w.])metrics\.router\(", docs) == []
 

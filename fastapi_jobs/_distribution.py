@@ -1,0 +1,20 @@
+"""This project's name on the package index, which is not its import name.
+
+``fastapi-jobs`` there is another project (a job queue that ships its own
+``fastapi_jobs`` package), so the distribution is ``fastapi-scheduled-jobs``
+while users still write ``import fastapi_jobs``. What a user missing an extra
+is told names this distribution, never the other one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NAME", "install_hint"]
+
+NAME = "fastapi-scheduled-jobs"
+
+
+def install_hint(extra: str) -> str:
+    """How to install one of this distribution's extras, by name or from a clone."""
+    return (
+        f"pip install '{NAME}[{extra}]' (from a clone of its repository: pip install '.[{extra}]')"
+    )
