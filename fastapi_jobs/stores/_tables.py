@@ -22,6 +22,7 @@ sees them.
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import NamedTuple
 
 import sqlalchemy as sa
@@ -76,14 +77,7 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
     """The store's tables, named with ``prefix``, in ``metadata`` (a new one by default)."""
     check_prefix(prefix)
     metadata = sa.MetaData() if metadata is None else metadata
-
-    def table(kind: str, *items: SchemaItem) -> sa.Table:
-        # BLANK_SCHEMA: where the store looks for its tables (the connection's
-        # default schema), whatever default schema the app's MetaData has.
-        made = sa.Table(f"{prefix}{kind}", metadata, *items, schema=BLANK_SCHEMA)
-        _MADE[made] = prefix
-        return made
-
+    table = partial(_table, metadata, prefix)
     claims = table(
         "claims",
         sa.Column("job", sa.String(200), primary_key=True),
@@ -136,6 +130,14 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
         sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
     return Tables(metadata, claims, instances, pauses, runs)
+
+
+def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) -> sa.Table:
+    # BLANK_SCHEMA: where the store looks for its tables (the connection's
+    # default schema), whatever default schema the app's MetaData has.
+    made = sa.Table(f"{prefix}{kind}", metadata, *items, schema=BLANK_SCHEMA)
+    _MADE[made] = prefix
+    return made
 
 
 def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -> list[sa.Table]:
