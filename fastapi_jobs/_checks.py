@@ -2,7 +2,7 @@
 
 A duration is a number of seconds (int or float, never a bool) or a
 ``timedelta``; it must be finite and within the bounds of the option that
-takes it. Every option checks through :func:`seconds`, so they refuse alike
+takes it. Every option checks through `seconds`, so they refuse alike
 and their messages read alike.
 """
 
@@ -30,7 +30,7 @@ def seconds(
     maximum: float = math.inf,
     allow_zero: bool = False,
 ) -> float:
-    """``value`` as float seconds, or :class:`ConfigurationError` saying why not.
+    """``value`` as float seconds, or `ConfigurationError` saying why not.
 
     Messages read ``<context><option>=<value>: <what is wrong>``, e.g.
     ``job 'digest': timeout=-1: must be > 0 seconds``. ``minimum`` is exclusive
@@ -59,7 +59,7 @@ def seconds(
 
 
 def flag(option: str, value: object, *, context: str = "") -> bool:
-    """``value`` if it is a bool, else :class:`ConfigurationError`. A string
+    """``value`` if it is a bool, else `ConfigurationError`. A string
     such as ``"false"`` (read from an environment variable) is true to Python:
     taken as given, it would turn on what the user meant to turn off."""
     if not isinstance(value, bool):
@@ -69,7 +69,7 @@ def flag(option: str, value: object, *, context: str = "") -> bool:
 
 def check_name(name: object) -> str:
     """``name`` if every place a job's name goes can carry it, else a
-    :class:`ConfigurationError` saying the rule.
+    `ConfigurationError` saying the rule.
 
     Names go into a URL path (``/jobs/{name}``), log lines, and a
     ``VARCHAR(200)`` of the claims table on PostgreSQL, which refuses NUL

@@ -86,7 +86,7 @@ class Claims:
             await self._sent.wait()
 
     def release_soon(self, ended: Ended) -> None:
-        """Queue the release of one claim; :meth:`run` sends it within ``GATHER``."""
+        """Queue the release of one claim; `run` sends it within ``GATHER``."""
         self._unreleased.pop(ended.job, None)  # an older claim's: superseded
         self._ended.append(ended)
         wanted = self._wanted
@@ -94,7 +94,7 @@ class Claims:
             wanted.set()
 
     async def run(self) -> None:
-        """The releases' task: sends what :meth:`release_soon` gathers, until cancelled."""
+        """The releases' task: sends what `release_soon` gathers, until cancelled."""
         try:
             while True:
                 self._wanted = wanted = anyio.Event()

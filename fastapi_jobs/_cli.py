@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from ._control import TriggeredRun
+from ._distribution import described
 from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError, JobRunningError
 from ._logging import FORMAT
 from ._runner import RunResult
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         "  fastapi-jobs run app.main:scheduler send_digest",
         formatter_class=formatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {described()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser(

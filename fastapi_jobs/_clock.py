@@ -31,7 +31,7 @@ class Clock(Protocol):
 
     def sleep_until(self, ts: float) -> Awaitable[None]:
         """Sleep until about ``ts``. Waking a little early is fine: the
-        scheduler reads :meth:`now` after waking and sleeps again if needed."""
+        scheduler reads `now` after waking and sleeps again if needed."""
         ...
 
 
@@ -52,10 +52,13 @@ class LoopClock:
 
     ``start`` is the wall time at the moment the clock is first read. With
     `looptime`, which fast-forwards the loop's clock, an hourly job runs 24
-    times in a fraction of a real second::
+    times in a fraction of a real second:
 
-        clock = LoopClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-        scheduler = Scheduler(clock=clock)
+    ```python
+    # fragment: in a test under looptime
+    clock = LoopClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock)
+    ```
 
     It also works on a normal loop, where it runs at real speed.
     """
@@ -82,9 +85,9 @@ class OffsetClock:
     With a store, the scheduler shifts its clock onto the database's: app
     hosts may be seconds apart, and a host that ticks early would claim the
     next tick before the others reach the current one. The offset is measured
-    at each instance heartbeat against :meth:`local`.
+    at each instance heartbeat against `local`.
 
-    Over the system clock, :meth:`local` is the monotonic clock (anchored once
+    Over the system clock, `local` is the monotonic clock (anchored once
     to the wall clock): a step of this host's wall clock (NTP, a VM resumed, an
     operator's ``date -s``) then moves nothing, where reading ``time.time()``
     would put every tick off by the step until the next heartbeat, and the

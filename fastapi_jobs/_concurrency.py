@@ -7,10 +7,10 @@ scopes cost more than asyncio's (an anyio task ~60 µs and ~3 KiB more to
 start: its own cancel scope, event and wrapper coroutine). On the per-tick
 path the scheduler therefore uses asyncio's own on asyncio, and anyio's on any
 other backend (trio). The choice is made once per running scheduler, when the
-dispatcher and the jobs' tasks' owner start (:func:`backend`); what it gives
-(a checkpoint, each job's :class:`TaskHandle` and its gates) is then used
+dispatcher and the jobs' tasks' owner start (`backend`); what it gives
+(a checkpoint, each job's `TaskHandle` and its gates) is then used
 without asking again. Clocks are the exception: a clock is used outside a
-running scheduler too, so :func:`sleep` looks each time (asyncio first).
+running scheduler too, so `sleep` looks each time (asyncio first).
 
 What differs, and why:
 
@@ -18,8 +18,8 @@ What differs, and why:
   lease's cancellation is taken back with ``Task.uncancel``), or an anyio task
   in its own scope (a claimed run then gets a scope of its own, which a lost
   lease cancels);
-- a parked task waits on a future (asyncio), or on an :class:`anyio.Event`
-  awaited the same way (:class:`_EventGate`);
+- a parked task waits on a future (asyncio), or on an `anyio.Event`
+  awaited the same way (`_EventGate`);
 - a cancellation: ``asyncio.CancelledError`` is tested for first, since
   10,000 tasks stop at once at shutdown.
 """

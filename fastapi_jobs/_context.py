@@ -15,13 +15,16 @@ __all__ = ["JobContext"]
 class JobContext:
     """Passed to a job that declares one parameter annotated ``JobContext``.
 
-    Example::
+    Example:
 
-        @scheduler.every(hours=1)
-        async def expire_sessions(ctx: JobContext) -> None:
-            async with ctx.state["db"].begin() as conn:
-                ...
-            ctx.logger.info("expired sessions for the tick %s", ctx.tick)
+    ```python
+    # fragment: a job of an app whose lifespan yields its engine as "db"
+    @scheduler.every(hours=1)
+    async def expire_sessions(ctx: JobContext) -> None:
+        async with ctx.state["db"].begin() as conn:
+            ...
+        ctx.logger.info("expired sessions for the tick %s", ctx.tick)
+    ```
     """
 
     name: str

@@ -1,7 +1,7 @@
 """Operating jobs by hand: what a trigger returns, and the checks of what
 operators pass (a pause's end, a history's length).
 
-The operations themselves are :class:`~fastapi_jobs.Scheduler` methods
+The operations themselves are `fastapi_jobs.Scheduler` methods
 (``trigger``, ``pause``, ``resume``, ``runs``); the HTTP endpoints that call
 them are in ``_router``.
 """
@@ -25,7 +25,7 @@ MAX_RUNS = 1000
 
 @dataclass(frozen=True)
 class TriggeredRun:
-    """A run asked for with :meth:`Scheduler.trigger`: started, maybe not ended."""
+    """A run asked for with `Scheduler.trigger`: started, maybe not ended."""
 
     name: str
     id: str
@@ -37,7 +37,7 @@ class TriggeredRun:
     _manual: Manual = field(repr=False, compare=False)
     _flush: Callable[[], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
     """Sends the claims' releases now: a claimed run is in the store's history
-    once :meth:`wait` returns."""
+    once `wait` returns."""
 
     @property
     def done(self) -> bool:
@@ -53,7 +53,7 @@ class TriggeredRun:
         return self.result()
 
     def result(self) -> RunResult | None:
-        """How the run ended, once :attr:`done` (None if it never ran to an end
+        """How the run ended, once `done` (None if it never ran to an end
         here); None while it goes."""
         return self._manual.result(self.name, self.tick)
 

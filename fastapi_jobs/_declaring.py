@@ -1,6 +1,6 @@
 """Declaring jobs: what ``add_job``, ``every``, ``cron`` and ``add_observer`` do.
 
-The options themselves are one ``TypedDict`` (:class:`~fastapi_jobs._job.JobOptions`),
+The options themselves are one ``TypedDict`` (`fastapi_jobs._job.JobOptions`),
 checked by ``Job.build``; here are the rules a job must keep among the others of
 its scheduler (a unique name, a store for ``catch_up=``), and its runner made.
 """

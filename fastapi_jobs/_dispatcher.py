@@ -78,9 +78,9 @@ class Dispatcher:
         runner.stats.next_run_at = tick
 
     async def run(self) -> None:
-        """The timer's task: dispatches each instant as it comes until :meth:`stop`,
+        """The timer's task: dispatches each instant as it comes until `stop`,
         then waits for the claims in flight (their winners run). Sets
-        :attr:`ended` when it returns, however it does."""
+        `ended` when it returns, however it does."""
         clock, instants, buckets = self._clock, self._instants, self._buckets
         checkpoint = backend().checkpoint  # a turn of the loop: asyncio.sleep(0) on asyncio
         try:

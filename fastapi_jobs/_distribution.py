@@ -8,7 +8,9 @@ is told names this distribution, never the other one.
 
 from __future__ import annotations
 
-__all__ = ["NAME", "install_hint"]
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["NAME", "described", "install_hint"]
 
 NAME = "fastapi-scheduled-jobs"
 
@@ -18,3 +20,11 @@ def install_hint(extra: str) -> str:
     return (
         f"pip install '{NAME}[{extra}]' (from a clone of its repository: pip install '.[{extra}]')"
     )
+
+
+def described() -> str:
+    """The distribution and its installed version (``--version``)."""
+    try:
+        return f"(distribution {NAME}) {version(NAME)}"
+    except PackageNotFoundError:  # pragma: no cover - imported from a source tree
+        return f"(distribution {NAME}, not installed)"

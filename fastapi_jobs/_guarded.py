@@ -2,7 +2,7 @@
 
 A run is timed out (an async job is cut at its timeout; a sync job runs in a
 worker thread, which cannot be cut, and is waited for), counted in the job's
-:class:`~fastapi_jobs._status.JobStats`, logged, and told to the observers; a
+`fastapi_jobs._status.JobStats`, logged, and told to the observers; a
 cancellation from outside the job (shutdown, a lost lease, the caller) is
 recorded and re-raised. Nothing here knows about ticks, retries or claims
 (``_tick_runs``).
@@ -85,7 +85,7 @@ def _in_thread(
 
 
 class GuardedRun(RunnerState):
-    """A runner's one run: :meth:`run`."""
+    """A runner's one run: `run`."""
 
     __slots__ = ()
 
@@ -200,7 +200,7 @@ class GuardedRun(RunnerState):
         once and then waited for, so the job stays "running" (ticks drop as
         overlap, a claim's lease is kept) until its thread returns: never two
         copies at once. Cancelled from outside (shutdown, lost lease), the wait
-        is abandoned, and :attr:`busy` stays true until the thread returns.
+        is abandoned, and `busy` stays true until the thread returns.
         """
         job, done = self.job, threading.Event()
         self.thread_done = done

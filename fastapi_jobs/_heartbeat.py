@@ -81,9 +81,9 @@ class Heartbeat:
         self.clock = clock
         self.logger = logger
         self.on_pauses = on_pauses
-        """Given the store's pauses at each beat (what :meth:`Store.pauses` returns)."""
+        """Given the store's pauses at each beat (what `Store.pauses` returns)."""
         self.on_step: Callable[[], None] | None = None
-        """Called when the offset moved by a step (see :meth:`beat`)."""
+        """Called when the offset moved by a step (see `beat`)."""
         self._measured = False
         self._estimate = OffsetEstimate()
 

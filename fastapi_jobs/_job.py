@@ -22,7 +22,7 @@ __all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
 
 class JobOptions(TypedDict, total=False):
     """A job's options, as ``add_job``, ``every`` and ``cron`` take them (each
-    one is written here once; its default is in :meth:`Job.build`)."""
+    one is written here once; its default is in `Job.build`)."""
 
     name: str | None
     """The job's name (default: the function's); unique in a scheduler."""
@@ -104,7 +104,7 @@ class Job:
     paused: bool = False
     """Declared paused: the job waits for an operator's resume."""
     built: InitVar[object] = None
-    """Only :meth:`build` passes its token: a Job is never made unchecked."""
+    """Only `build` passes its token: a Job is never made unchecked."""
 
     def __post_init__(self, built: object) -> None:
         if built is not _BUILT:
@@ -124,7 +124,7 @@ class Job:
         cls, func: object, schedule: Schedule, options: JobOptions, *, where: str = "add_job"
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
-        took them) and make the job; :class:`ConfigurationError` says what to fix."""
+        took them) and make the job; `ConfigurationError` says what to fix."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")

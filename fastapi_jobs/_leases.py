@@ -68,7 +68,7 @@ class LeaseKeeper:
         cancel: Callable[[], object],
         logger: logging.Logger,
     ) -> Lease:
-        """Keep the lease of a claim sent at ``claimed_at`` until :meth:`end`;
+        """Keep the lease of a claim sent at ``claimed_at`` until `end`;
         ``cancel`` cancels the run if the lease is lost."""
         lease = Lease(job, fence, claimed_at, cancel, logger)
         self._renew_at(lease, claimed_at + self.store.lease / 3)

@@ -1,6 +1,6 @@
 """Run hooks: observers the scheduler tells about each run and each skipped tick.
 
-An observer is any object with some of the methods of :class:`Observer`
+An observer is any object with some of the methods of `Observer`
 (``run_started``, ``run_finished``, ``tick_skipped``, ``lease_lost``), each
 taking one event. A plain method is called at once: ``run_started`` and
 ``run_finished`` in the job's own task (so a tracer can make its span current
@@ -75,7 +75,7 @@ class RunStarted(NamedTuple):
 
 
 class RunFinished(NamedTuple):
-    """A run (one attempt) of a job has ended (times as in :class:`RunStarted`)."""
+    """A run (one attempt) of a job has ended (times as in `RunStarted`)."""
 
     job: str
     tick: float
@@ -254,7 +254,7 @@ class Observers:
 
     async def run(self) -> None:
         """Deliver the queued events to the async observers, in order, until
-        cancelled (after :meth:`flush`)."""
+        cancelled (after `flush`)."""
         queue = self._queue
         try:
             while True:
@@ -282,7 +282,7 @@ class Observers:
             self._wanted = None
 
     async def flush(self) -> None:
-        """Wait for :meth:`run` to deliver what is queued, for at most ``FLUSH``
+        """Wait for `run` to deliver what is queued, for at most ``FLUSH``
         seconds (shutdown); then log what is left and forget it."""
         if self._queue or self._delivering:
             self._drained = drained = anyio.Event()

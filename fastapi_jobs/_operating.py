@@ -47,7 +47,7 @@ class Operator:
 
     async def start_current_tick(self, name: str) -> TriggeredRun:
         """Claim the job's current tick (the latest due) and start its run here:
-        what ``fastapi-jobs run`` does. :class:`JobRunningError` if it is taken."""
+        what ``fastapi-jobs run`` does. `JobRunningError` if it is taken."""
         runner = self._parts.runner(name)
         tick = runner.job.schedule.last_at_or_before(self._parts.ticking.now())
         return await self.start(name, tick, by_hand=False)

@@ -1,7 +1,7 @@
 """The status page, ``GET /jobs/ui``: server-rendered HTML, no framework.
 
 Every value from a job (its name, its error, an instance's id) goes through
-:func:`html.escape`; the page's own style and script are files served beside
+`html.escape`; the page's own style and script are files served beside
 it (``/jobs/ui.css``, ``/jobs/ui.js``), so it works under a CSP with no
 ``'unsafe-inline'`` (the page sends one). Without its script the page still
 shows everything, and refreshes by ``<meta http-equiv=refresh>``; with it, the

@@ -53,7 +53,7 @@ class Parts:
     services: list[Service] = field(default_factory=list)
 
     def runner(self, name: str) -> JobRunner:
-        """The runner of job ``name``; :class:`JobNotFoundError` if none is declared."""
+        """The runner of job ``name``; `JobNotFoundError` if none is declared."""
         try:
             return self.runners[name]
         except KeyError:

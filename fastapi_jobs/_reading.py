@@ -81,7 +81,7 @@ class Reader:
         return [] if history is None else history.records(name, parts.instance.id, limit)
 
     async def recent_runs(self, names: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
-        """The last ``limit`` runs (as :meth:`runs`) of each job of ``names``, the
+        """The last ``limit`` runs (as `runs`) of each job of ``names``, the
         claimed ones in one read of the store; a store that cannot be read gives
         them none."""
         parts = self._parts

@@ -1,12 +1,12 @@
 """How a run ended, in one place: its outcome, why a tick did not run, what a
 run hands back, and what ``run_now`` / ``trigger(...).wait()`` return.
 
-A run is the guarded run's (``_guarded``) to end: it makes the :class:`Ran`
+A run is the guarded run's (``_guarded``) to end: it makes the `Ran`
 of each attempt, a tick's runs (``_tick_runs``) fold retries into one, and
 the history, the store's release and a caller asking by hand read that one
-value. :class:`RunResult` is the public face of a :class:`Ran`, made here
-only (:meth:`RunResult.of`). The per-job counters a run moves live in
-:class:`~fastapi_jobs._status.JobStats`, whose :meth:`ended` is their writer.
+value. `RunResult` is the public face of a `Ran`, made here
+only (`RunResult.of`). The per-job counters a run moves live in
+`fastapi_jobs._status.JobStats`, whose `ended` is their writer.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Ran(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What :meth:`Scheduler.run_now` returns: how one run ended."""
+    """What `Scheduler.run_now` returns: how one run ended."""
 
     name: str
     outcome: Outcome
@@ -82,13 +82,13 @@ class Manual:
 
     def __init__(self) -> None:
         self.ran: Ran | None = None
-        """How it ended; None until :attr:`done` (and for a cancelled run)."""
+        """How it ended; None until `done` (and for a cancelled run)."""
         self.done = anyio.Event()
         self.asked_from = contextvars.copy_context()
         """The caller's context (its request, its span), for the observers."""
 
     def result(self, name: str, tick: datetime) -> RunResult | None:
-        """How the run ended, once :attr:`done`; None while it goes, and if it
+        """How the run ended, once `done`; None while it goes, and if it
         never ran to an end here (the app stopped first, or its lease was lost)."""
         ran = self.ran
         return None if ran is None else RunResult.of(name, tick, ran)

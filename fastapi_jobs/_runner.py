@@ -5,7 +5,7 @@ The job's task parks until the dispatcher wakes it for a tick (see
 itself: ticks that come while it goes are dropped (and counted by the
 dispatcher), never queued, and no task is spawned per run.
 
-:class:`JobRunner` is built in layers, one concern per module, each adding
+`JobRunner` is built in layers, one concern per module, each adding
 behaviour to the one below: the state the dispatcher reads and sets
 (``_runner_state``), one guarded run (``_guarded``), a tick's runs, claimed,
 retried and remembered (``_tick_runs``), and here the task that serves them.
@@ -44,7 +44,7 @@ __all__ = [
 
 
 class JobRunner(TickRuns):
-    """Runs one job: when the dispatcher wakes it (:meth:`serve`), or now (:meth:`run`).
+    """Runs one job: when the dispatcher wakes it (`serve`), or now (`run`).
 
     The dispatcher owns the schedule (when the job is due, ticks dropped while
     it runs); the runner owns the job's task, which parks between runs, and
@@ -64,7 +64,7 @@ class JobRunner(TickRuns):
         return None if self._handle is None else self._handle.task
 
     async def serve(self, state: Mapping[str, Any], dispatcher: Dispatching) -> None:
-        """The job's task: park until woken, run, and again, until :meth:`stop`."""
+        """The job's task: park until woken, run, and again, until `stop`."""
         handle = self._handle
         assert handle is not None, "bound by the backend before the task runs"
         new_gate = handle.new_gate  # a future on asyncio, an event elsewhere

@@ -160,7 +160,7 @@ class RunnerState:
         self.fence = self._catch_up = None
 
     def place(self, tick: float) -> None:
-        """The job is due at ``tick``: :meth:`advance` steps on from there."""
+        """The job is due at ``tick``: `advance` steps on from there."""
         if self.period_us:
             self.grid_us = round(self.job.schedule.next_after(tick) * _US) - self.period_us
 
@@ -209,7 +209,7 @@ class RunnerState:
             self.observers.skipped(self.job.name, tick, reason, count)
 
     def wake(self) -> None:
-        """Run the job for :attr:`due` (with :attr:`fence` if claimed). Once
+        """Run the job for `due` (with `fence` if claimed). Once
         stopping, only a tick claimed before the stop runs (it is this instance's
         to run), and only while the job's task still serves."""
         if self.stopping and (self.fence is None or not self._serving):

@@ -1,6 +1,6 @@
 """A running scheduler: what one ``Scheduler.running()`` block starts, and stops.
 
-A :class:`Running` exists for each run and holds what lives only while the jobs
+A `Running` exists for each run and holds what lives only while the jobs
 run: the app's state, the claims, the dispatcher, the jobs' tasks and the
 background tasks (each named). It starts them in order (the store open and the
 database's time known before the first tick) and stops them in order: ticking

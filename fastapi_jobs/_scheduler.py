@@ -48,15 +48,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Scheduler:
     """The registry of jobs, and the lifespan that runs them.
 
-    Example::
+    Example:
 
-        scheduler = Scheduler(lifespan=resources)
+    ```python
+    # fragment: an app's main module, `resources` its own lifespan
+    scheduler = Scheduler(lifespan=resources)
 
-        @scheduler.every(hours=1)
-        async def expire_sessions(ctx: JobContext) -> None: ...
+    @scheduler.every(hours=1)
+    async def expire_sessions(ctx: JobContext) -> None: ...
 
-        app = FastAPI(lifespan=scheduler.lifespan)
-        app.include_router(scheduler.router)  # status at /jobs
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)  # status at /jobs
+    ```
 
     Args:
         lifespan: the app's own lifespan, entered first; what it yields (the
@@ -71,12 +74,12 @@ class Scheduler:
             ``fastapi_jobs.stores.SQLAlchemyStore``): each tick of each job
             then runs on one instance only. Without one, nothing touches a
             database and every instance runs every job.
-        clock: where time comes from; tests pass a :class:`LoopClock`.
+        clock: where time comes from; tests pass a `LoopClock`.
         history: the runs of each job this process keeps in memory for
             ``GET /jobs/{name}/runs`` (24 bytes each), 0 for none. Runs
             claimed in a store are in the store's history instead.
         observers: told about each run and each skipped tick (see
-            :class:`Observer`); more with :meth:`add_observer`.
+            `Observer`); more with `add_observer`.
     """
 
     def __init__(
@@ -171,7 +174,7 @@ class Scheduler:
         ``retry_backoff`` seconds, then twice that, and so on (with jitter),
         never past the job's next tick; a timed-out run counts as failed unless
         ``retry_timeouts=False``. ``paused=True`` declares the job paused: it
-        runs only once an operator resumes it (:meth:`resume`).
+        runs only once an operator resumes it (`resume`).
         """
         return add_job(self._parts, func, schedule, options, running=self._running)
 
@@ -187,12 +190,12 @@ class Scheduler:
         offset: float | timedelta = 0,
         **options: Unpack[JobOptions],
     ) -> Callable[[F], F]:
-        """Decorate a job that runs at a fixed interval (see :class:`Every`).
+        """Decorate a job that runs at a fixed interval (see `Every`).
 
         The arguments add up: ``every(hours=1, minutes=30)`` is 90 minutes.
         Ticks lie on a grid from the Unix epoch plus ``offset``, the same in
         every process and after every restart. The job's options are
-        :meth:`add_job`'s.
+        `add_job`'s.
         """
         check_options(options, "every")  # at once, as a keyword the signature lacked was
         if _func is not None:
@@ -206,14 +209,14 @@ class Scheduler:
     def cron(
         self, expr: str, *, tz: str | tzinfo = "UTC", **options: Unpack[JobOptions]
     ) -> Callable[[F], F]:
-        """Decorate a job that runs on a cron expression in ``tz`` (see :class:`Cron`);
-        the job's options are :meth:`add_job`'s."""
+        """Decorate a job that runs on a cron expression in ``tz`` (see `Cron`);
+        the job's options are `add_job`'s."""
         check_options(options, "cron")
         return self._decorator(Cron(expr, tz=tz), options, "cron")
 
     def add_observer(self, observer: object) -> None:
         """Tell ``observer`` about every run and skipped tick from now on: an
-        object with some of :class:`Observer`'s methods (plain ones are called in
+        object with some of `Observer`'s methods (plain ones are called in
         the job's task and must be quick; ``async def`` ones are queued). An
         observer that raises is logged; the job goes on."""
         add_observer(self._parts, observer)
@@ -252,7 +255,7 @@ class Scheduler:
     ) -> AsyncIterator[None]:
         """Run the jobs for the duration of the ``async with`` block.
 
-        What :meth:`lifespan` uses; use it directly outside an ASGI app. On
+        What `lifespan` uses; use it directly outside an ASGI app. On
         exit: stop ticking at once, wait for runs in flight up to
         ``shutdown_timeout``, then cancel what remains and log each job cut.
         ``ticking=False`` starts everything but the schedules: jobs run only
@@ -279,8 +282,8 @@ class Scheduler:
         app's state (empty when the scheduler is not running). No claim is
         made, so runs on other instances do not stop it.
 
-        Raises :class:`JobNotFoundError` for an unknown name, and
-        :class:`JobRunningError` if a run of the job is going in this process
+        Raises `JobNotFoundError` for an unknown name, and
+        `JobRunningError` if a run of the job is going in this process
         (or its tick is being claimed, or the thread of an earlier run has not
         returned). A cancellation of the caller cancels the run (its status's
         last outcome is ``cancelled``; no history entry) and goes on up.
@@ -295,18 +298,18 @@ class Scheduler:
         With a store the run is claimed first, like a tick: it holds the job's
         lease, so no scheduled tick runs beside it on any instance, and of two
         triggers on two instances one runs and the other raises
-        :class:`JobRunningError` (saying where and since when). A paused job
+        `JobRunningError` (saying where and since when). A paused job
         runs too: the operator asked. Returns once the run has started (with
-        ``wait=True``, once it has ended: see :meth:`TriggeredRun.wait`).
+        ``wait=True``, once it has ended: see `TriggeredRun.wait`).
 
-        Raises :class:`JobNotFoundError`, :class:`JobRunningError`, and
-        :class:`StoreError` when the store cannot be reached (nothing ran).
+        Raises `JobNotFoundError`, `JobRunningError`, and
+        `StoreError` when the store cannot be reached (nothing ran).
         """
         return await self._operator.trigger(name, wait=wait)
 
     async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
         """Skip the ticks of ``name`` (counted as ``skipped.paused``) until
-        :meth:`resume`, or until ``until`` (an aware datetime) for a maintenance
+        `resume`, or until ``until`` (an aware datetime) for a maintenance
         window. With a store the pause holds for every instance from its next
         tick, and across restarts; without one, for this process. Pausing a
         paused job changes only its end. A run going is not stopped.
@@ -314,7 +317,7 @@ class Scheduler:
         return await self._pauses.pause(name, until)
 
     async def resume(self, name: str) -> PauseState:
-        """Undo :meth:`pause` (and a declared ``paused=True``); the next tick runs.
+        """Undo `pause` (and a declared ``paused=True``); the next tick runs.
         With a store, other instances learn it at their next heartbeat."""
         return await self._pauses.resume(name)
 
@@ -330,7 +333,7 @@ class Scheduler:
         return self._reader.status()
 
     def job_status(self, name: str) -> JobStatus:
-        """A snapshot of one job's status; :class:`JobNotFoundError` if unknown."""
+        """A snapshot of one job's status; `JobNotFoundError` if unknown."""
         return self._reader.job_status(name)
 
     async def cluster(self) -> ClusterView | None:
@@ -339,7 +342,7 @@ class Scheduler:
         return await self._reader.cluster()
 
     async def cluster_status(self) -> list[JobStatus]:
-        """:meth:`status`, with each claimed job's cluster-wide last run filled in
+        """`status`, with each claimed job's cluster-wide last run filled in
         (and every job's pause as the store has it)."""
         return await self._seam.cluster_status()
 
@@ -364,7 +367,7 @@ class Scheduler:
         Pass the app's own auth: ``scheduler.control_router(dependencies=
         [Depends(require_admin)])``. Without dependencies it refuses to be built
         (anyone could run or stop jobs) unless ``public=True`` says so on purpose.
-        Include it beside :attr:`router`, under the same ``/jobs``.
+        Include it beside `router`, under the same ``/jobs``.
         """
         flag("public", public, context="control_router(): ")
         if not dependencies and not public:

@@ -36,7 +36,7 @@ def _us(ts: float) -> int:
 class Schedule(abc.ABC):
     """When a job runs. Subclass it for a schedule of your own.
 
-    Only :meth:`next_after` is required; :meth:`ticks_between` has a generic
+    Only `next_after` is required; `ticks_between` has a generic
     implementation that subclasses may speed up.
     """
 

@@ -1,7 +1,7 @@
 """The seam: what the integrations (the routers and the page, metrics, the CLI)
 read of a scheduler and ask of it, and nothing else.
 
-Each ``Scheduler`` makes one :class:`Seam` when it is built; an integration
+Each ``Scheduler`` makes one `Seam` when it is built; an integration
 given a scheduler asks for it with ``fastapi_jobs._scheduler.seam_of``, and the
 routers are built with it. So the integrations never touch the scheduler's
 private attributes, the public class shows no internal names, and this module

@@ -1,8 +1,8 @@
 """Status: plain data about each job, kept by its loop and read by the router.
 
-The loop writes a few floats and ints per run into :class:`JobStats` (cheap on
-the hot path), through :meth:`JobStats.ended` for how each run ended;
-:class:`JobStatus` is the read-only snapshot built on demand. How a run can end
+The loop writes a few floats and ints per run into `JobStats` (cheap on
+the hot path), through `JobStats.ended` for how each run ended;
+`JobStatus` is the read-only snapshot built on demand. How a run can end
 (``Outcome``, ``SkipReason``) is defined in ``_results``.
 """
 
@@ -94,7 +94,7 @@ class ErrorInfo(BaseModel):
 
     @classmethod
     def parse(cls, text: str | None) -> ErrorInfo | None:
-        """Back from :meth:`__str__` (how the store keeps it)."""
+        """Back from `__str__` (how the store keeps it)."""
         if text is None:
             return None
         kind, _, message = text.partition(": ")

@@ -33,7 +33,7 @@ class Instance:
 
 
 class Ended(NamedTuple):
-    """How the run of one claim ended: what :meth:`Store.release` records."""
+    """How the run of one claim ended: what `Store.release` records."""
 
     job: str
     fence: int
@@ -56,7 +56,7 @@ class Store(Protocol):
     """Claims and run history shared by every instance of the app.
 
     The scheduler bounds every call with ``timeout`` (a pause or a resume with
-    three times that: see :meth:`pause`) and cancels it at
+    three times that: see `pause`) and cancels it at
     shutdown; an implementation must come out of that whole: a cancelled
     call may not leave a connection broken or a task behind (the SQLAlchemy
     store runs each operation in a task of its own that callers only wait
@@ -109,21 +109,21 @@ class Store(Protocol):
 
     async def read(self) -> ClusterView:
         """The cluster-wide view for the status page, with the pauses and their
-        versions as :meth:`pauses` gives them."""
+        versions as `pauses` gives them."""
 
     async def pause(self, job: str, until: float | None) -> int:
         """Pause ``job`` for every instance until ``until`` (None: until resumed);
         return the version of the job's pause that this change made (see
-        :meth:`pauses`).
+        `pauses`).
 
         The scheduler waits up to three times ``timeout`` for the answer, and
-        tells its caller what became of the change: raise :class:`StoreError`
+        tells its caller what became of the change: raise `StoreError`
         only when the change was not made (the database refused it, or it came
         too late to be made); any other error says it may have been made."""
 
     async def resume(self, job: str) -> int:
         """Resume ``job`` for every instance (also a job declared paused); the
-        version, and the errors, as :meth:`pause`."""
+        version, and the errors, as `pause`."""
 
     async def pauses(self) -> Mapping[str, tuple[float, int]]:
         """Each job an operator paused or resumed: ``(until, version)``, paused
@@ -138,7 +138,7 @@ class Store(Protocol):
         """The last ``limit`` runs of ``job`` across instances, newest first."""
 
     async def recent_runs(self, jobs: Sequence[str], limit: int) -> Mapping[str, list[RunRecord]]:
-        """:meth:`runs` of each of ``jobs`` (the status page's charts), in one go."""
+        """`runs` of each of ``jobs`` (the status page's charts), in one go."""
 
     async def prune(self) -> None:
         """Apply the run history's retention (the scheduler calls it now and then)."""

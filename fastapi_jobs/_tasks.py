@@ -35,7 +35,7 @@ __all__ = ["JobTasks"]
 
 
 class JobTasks:
-    """Makes each job's task, and owns them all (:meth:`run`)."""
+    """Makes each job's task, and owns them all (`run`)."""
 
     def __init__(
         self, state: Mapping[str, Any], dispatcher: Dispatching, all_ended: anyio.Event
@@ -45,7 +45,7 @@ class JobTasks:
         self._all_ended = all_ended
         """Set once stopping and every task has ended; whoever sets it first
         (the scheduler, to stop waiting for jobs that ignore cancellation)
-        makes :meth:`run` return."""
+        makes `run` return."""
         self._backend: Backend | None = None  # chosen when the owner runs
         self._live = 0
         self._stopping = False
@@ -71,13 +71,13 @@ class JobTasks:
         )
 
     def stop(self) -> None:
-        """No more tasks will be made: :meth:`run` returns once the last one ends."""
+        """No more tasks will be made: `run` returns once the last one ends."""
         self._stopping = True
         if self._live == 0:
             self._all_ended.set()
 
     async def run(self) -> None:
-        """The owner: holds the tasks until they have all ended after :meth:`stop`."""
+        """The owner: holds the tasks until they have all ended after `stop`."""
         self._backend = backend()
         try:
             await self._backend.hold(self._all_ended, self._spawn_pending)

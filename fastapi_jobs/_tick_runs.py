@@ -43,7 +43,7 @@ def backoff(base: float, attempt: int) -> float:
 
 
 class TickRuns(GuardedRun):
-    """A runner's runs of one tick: :meth:`attempts`, and the claimed run."""
+    """A runner's runs of one tick: `attempts`, and the claimed run."""
 
     __slots__ = ()
 
@@ -56,7 +56,7 @@ class TickRuns(GuardedRun):
         started: float | None = None,
     ) -> Ran:
         """Run the job for ``tick``, tried again on failure as the job says
-        (``retries``), and remember how the tick went (:attr:`history`).
+        (``retries``), and remember how the tick went (`history`).
         ``asked``: the run was asked for by hand."""
         manual = asked is not None
         ran = await self.run(tick, state, manual=manual, fence=fence, started=started)

@@ -1,7 +1,7 @@
 """Prometheus metrics of a scheduler: ``instrument(scheduler)``.
 
 Needs prometheus_client (the extra ``fastapi-scheduled-jobs[prometheus]``).
-Serve them with the router of the :class:`Metrics`
+Serve them with the router of the `Metrics`
 that ``instrument`` returns (this module has no ``router()``, so do not name
 that object ``metrics``)::
 
@@ -105,7 +105,7 @@ def instrument(
     histograms_by_job: bool = False,
 ) -> Metrics:
     """Register the scheduler's metrics in ``registry`` (prometheus_client's
-    default one if None) and return their :class:`Metrics`. Call once per
+    default one if None) and return their `Metrics`. Call once per
     scheduler and registry, before the app starts, and serve them with its
     router: ``app.include_router(instrument(scheduler).router())``.
 

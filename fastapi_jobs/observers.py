@@ -1,7 +1,7 @@
 """Run hooks: an observer is told when runs start and end, when ticks are
 skipped and when a lease is lost.
 
-Subclass :class:`Observer` and override what you need (plain methods are
+Subclass `Observer` and override what you need (plain methods are
 called in the job's task; ``async def`` ones are queued and awaited in order)::
 
     from fastapi_jobs.observers import Observer, RunFinished

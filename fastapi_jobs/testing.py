@@ -7,7 +7,7 @@ while ``time.time()`` does not; ``LoopClock`` reads the loop's::
 
     scheduler = Scheduler(clock=LoopClock(start=datetime(2026, 3, 2, tzinfo=UTC)))
 
-``scheduler.run_now(name)`` runs one job on demand (see the README's "Testing
+``scheduler.run_now(name)`` runs one job on demand (see the docs' "Testing
 your jobs").
 """
 

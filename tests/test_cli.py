@@ -97,6 +97,23 @@ def test_every_command_has_help_with_an_example(
     assert "example" in capsys.readouterr().out
 
 
+def test_version_names_the_distribution_whose_name_is_not_the_imports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--version` says which distribution this is (not the `fastapi-jobs` of the
+    package index, which ships a `fastapi_jobs` package too) and its version."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    said = capsys.readouterr().out.strip()
+    assert (
+        said
+        == f"fastapi-jobs (distribution fastapi-scheduled-jobs) {version('fastapi-scheduled-jobs')}"
+    )
+
+
 def test_list_shows_each_jobs_times_in_its_own_zone_not_the_machines(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,7 @@ from .conftest import HOUR, START, virtual_scheduler
 
 pytestmark = pytest.mark.looptime
 
-SLICE = 50  # what the README promises: a request waits behind at most this many jobs
+SLICE = 50  # what the docs promise (Performance): a request waits behind at most this many jobs
 
 
 async def test_a_burst_is_woken_in_slices_with_turns_of_the_loop_between() -> None:

@@ -9,9 +9,11 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -40,8 +42,19 @@ def blocks(language: str) -> list[tuple[Path, str]]:
     return [(path, code) for path, text in TEXTS.items() for code in pattern.findall(text)]
 
 
-BLOCKS = blocks("python")
-COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith("# fragment")]
+def docstring_blocks() -> list[tuple[Path, str]]:
+    """The Python blocks of the library's docstrings, which the API reference shows."""
+    pattern = re.compile(r"^( *)```python\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
+    return [
+        (path, textwrap.dedent(indent_and_code[1]))
+        for path in sorted((ROOT / "fastapi_jobs").rglob("*.py"))
+        for indent_and_code in pattern.findall(path.read_text())
+    ]
+
+
+BLOCKS = blocks("python") + docstring_blocks()
+COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith(("# fragment", "# test"))]
+MODULES = [(path, code) for path, code in BLOCKS if code.startswith("# test module:")]
 
 
 def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
@@ -49,9 +62,45 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
     and say what they are a fragment of."""
     assert len(COMPLETE) >= 6
     assert any(path.name == "README.md" for path, _ in COMPLETE)
+    assert any(path.suffix == ".py" for path, _ in BLOCKS)  # the docstrings' too
+    assert MODULES
     for path, code in BLOCKS:
-        if (path, code) not in COMPLETE:
+        if (path, code) not in COMPLETE + MODULES:
             assert re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
+
+
+@pytest.mark.parametrize(
+    ("path", "code"), MODULES, ids=[f"{path.stem}-{k}" for k, (path, _) in enumerate(MODULES)]
+)
+def test_a_test_module_shown_passes_under_pytest(path: Path, code: str, tmp_path: Path) -> None:
+    """A block that is a test module (`# test module: ...`) passes as a user's suite
+    runs it: its own pytest process, in a folder of its own, with pytest's and
+    pytest-asyncio's defaults (strict mode), and every test in it passing."""
+    (tmp_path / "test_shown.py").write_text(code)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "-W",
+            "error",
+            "test_shown.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    tests = len(re.findall(r"^(?:async )?def test_", code, re.M))
+    assert re.search(rf"\b{tests} passed\b", ran.stdout), ran.stdout
 
 
 @pytest.mark.parametrize(
@@ -90,11 +139,11 @@ async def test_a_complete_block_runs(
                     assert wrong.status_code == 401
                 page = await client.get("/jobs/ui", auth=("admin", "readme-token"))
                 assert page.status_code == 200
-                logins = [{"auth": ("admin", "readme-token")}]
+                logins: list[dict[str, Any]] = [{"auth": ("admin", "readme-token")}]
                 if "HTTPBearer" in code:
                     logins.append({"headers": {"Authorization": "Bearer readme-token"}})
                 for login in logins:
-                    listed = await client.get("/jobs", **login)  # type: ignore[arg-type]
+                    listed = await client.get("/jobs", **login)
                     assert listed.status_code == 200
                     assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
             results = [await scheduler.run_now(name) for name in scheduler.jobs]
@@ -323,3 +372,58 @@ def test_sys_exit_is_a_failed_run_unless_raised_in_a_task_the_job_starts(
         cwd=ROOT,
     )
     assert (ran.returncode, ran.stdout.strip()) == (code, said), ran.stderr
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors of a page's headings, as Python-Markdown's toc makes them."""
+    found = set()
+    for heading in re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M
+    ):
+        slug = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+        found.add(re.sub(r"[-\s]+", "-", slug))
+    return found
+
+
+def test_the_readme_is_what_a_newcomer_reads_first_and_its_links_work() -> None:
+    """At most 150 lines, and each relative link names a file of the repository
+    (and a heading of it): the README is read on the forge, outside the docs
+    site, where mkdocs --strict does not check it."""
+    assert len(README.splitlines()) <= 150
+    links = re.findall(r"\]\(([^)\s]+)\)", README)
+    local = [link for link in links if not re.match(r"https?://", link)]
+    assert len(local) >= 10
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.is_file(), link
+        if anchor:
+            assert anchor in _anchors(target.read_text()), link
+
+
+def test_the_docs_wheel_command_names_this_version() -> None:
+    """The install page's wheel is the one `python -m build` makes of this version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wheels = re.findall(r"fastapi_scheduled_jobs-([^-]+)-py3-none-any\.whl", page("index"))
+    assert wheels and set(wheels) == {project["version"]}
+
+
+def test_the_pages_fastapi_jobs_next_commands_run_as_written() -> None:
+    """The schedule-checking commands shown need no app: each runs as written (by
+    the installed console script) and prints the run times it promises."""
+    import shlex
+
+    commands = [
+        line.split("#")[0].strip()
+        for _, code in blocks("bash")
+        for line in code.splitlines()
+        if line.startswith("fastapi-jobs next ")
+    ]
+    assert commands
+    script = Path(sys.executable).parent / "fastapi-jobs"
+    for command in commands:
+        args = shlex.split(command)[1:]
+        ran = subprocess.run([script, *args], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, (command, ran.stderr)
+        count = int(args[args.index("-n") + 1]) if "-n" in args else 5
+        assert len(ran.stdout.strip().splitlines()) >= count, ran.stdout

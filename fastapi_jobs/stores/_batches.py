@@ -32,7 +32,7 @@ logger = logging.getLogger("fastapi_jobs.stores")
 MAX_ROWS = 1000
 
 encode = json.JSONEncoder(allow_nan=False).encode
-"""A batch's rows as the one JSON array of ``b_rows`` (see :func:`rows_cte`)."""
+"""A batch's rows as the one JSON array of ``b_rows`` (see `rows_cte`)."""
 
 
 def chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
@@ -131,7 +131,7 @@ async def each_row_alone_on_error(
     errors: dict[str, int | Exception],
 ) -> None:
     """``send(rows)``; if that fails for a reason one row may carry (see
-    :func:`row_error`), send each row alone, so that only the rows at fault fail
+    `row_error`), send each row alone, so that only the rows at fault fail
     (their errors go into ``errors``, by job) and the others go through. Any
     other error is raised: the statement failed as a whole (and its caller
     keeps the rows, to send them again)."""

@@ -35,7 +35,7 @@ def _in_memory(url: sa.URL) -> bool:
 
 
 def check_source(engine: object) -> None:
-    """Raise :class:`ConfigurationError` unless ``engine`` is a source the store
+    """Raise `ConfigurationError` unless ``engine`` is a source the store
     can run on (a URL: of PostgreSQL or an SQLite file, through an async driver)."""
     if not (isinstance(engine, (AsyncEngine, str)) or callable(engine)):
         raise ConfigurationError(

@@ -119,7 +119,7 @@ class Operations:
         """``send(conn, before)``: a change that the database makes only before
         ``before`` on its clock, made within ``timeout`` of ``asked`` (the
         loop's time) or not at all, and answered within twice that. Raises
-        :class:`StoreError` when it was not made, another error when that cannot
+        `StoreError` when it was not made, another error when that cannot
         be told (the answer was lost after the statement went out)."""
         assert self.engine is not None
         loop = asyncio.get_running_loop()

@@ -43,7 +43,7 @@ def check_options(
     create_tables: bool,
     table_prefix: str,
 ) -> Options:
-    """The options, or :class:`ConfigurationError` for the first that is wrong."""
+    """The options, or `ConfigurationError` for the first that is wrong."""
     lease_s = seconds("lease", lease, context=_SAID, maximum=_MAX_LEASE)
     timeout_s = seconds("timeout", timeout, context=_SAID)
     heartbeat_s = seconds(

@@ -27,8 +27,7 @@ _ALEMBIC = "with Alembic: alembic revision --autogenerate, then alembic upgrade 
 
 async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) -> None:
     """Check that the store's tables and their columns exist (and make the
-    missing ones if ``create``); raise :class:`StoreError` if they cannot be
-    used."""
+    missing ones if ``create``); raise `StoreError` if they cannot be used."""
     names = [t.name for t in tables.metadata.sorted_tables]
 
     def read(sync_conn: sa.Connection) -> dict[str, set[str]]:

@@ -50,16 +50,20 @@ class SQLAlchemyStore:
     """Claims and run history in the app's own PostgreSQL or SQLite database.
 
     ``engine`` is an ``AsyncEngine``, a URL, or a callable that picks the
-    engine out of the lifespan state (so claims share the app's pool)::
+    engine out of the lifespan state (so claims share the app's pool):
 
-        store = SQLAlchemyStore(lambda state: state["db"])
+    ```python
+    # fragment: with an app whose lifespan yields its engine as "db"
+    store = SQLAlchemyStore(lambda state: state["db"])
+    ```
 
     Each tick of each job then runs at most once across all instances that
     share the database, while leases are honoured: a run renews its lease
     every ``lease / 3`` and is cancelled if it cannot. The tables
     (``fastapi_jobs_claims``, ``_instances``, ``_pauses``, ``_runs``) are
-    created on first use unless ``create_tables=False``; :meth:`ddl` prints
-    their DDL.
+    created on first use unless ``create_tables=False``: then the app's
+    migrations make them (Alembic: `include_tables`; otherwise `ddl` prints
+    their DDL).
 
     The run history keeps the last ``history`` runs of each job (0: none) for
     at most ``history_max_age``; it is written by the release's own round trip
@@ -147,7 +151,7 @@ class SQLAlchemyStore:
         self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
-        thousand rows); see :meth:`fastapi_jobs.stores.Store.claim`."""
+        thousand rows); see `fastapi_jobs.stores.Store.claim`."""
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
@@ -238,7 +242,7 @@ class SQLAlchemyStore:
 
     async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
         """Release these claims in as few statements as can be; see
-        :meth:`fastapi_jobs.stores.Store.release`."""
+        `fastapi_jobs.stores.Store.release`."""
         if not ended:
             return {}
         rows = [
@@ -302,7 +306,7 @@ class SQLAlchemyStore:
 
     async def _set_pause(self, job: str, *, paused: bool, until: float | None) -> int:
         """The change, made within ``timeout`` of this call or not at all, and
-        answered within twice that: its version, or :class:`StoreError` when it
+        answered within twice that: its version, or `StoreError` when it
         was not made, or another error when that cannot be told (the answer was
         lost after the statement went out)."""
         asked = asyncio.get_running_loop().time()
@@ -353,11 +357,14 @@ class SQLAlchemyStore:
 
         Add it to the WHERE clause of a job's own write, so that a run that
         lost its lease (paused, partitioned) cannot write after a newer run
-        has claimed the job::
+        has claimed the job:
 
-            await conn.execute(
-                update(ledger).where(ledger.c.id == 1, store.fenced(ctx)).values(...)
-            )
+        ```python
+        # fragment: in a job, `ledger` a table of the app's
+        await conn.execute(
+            update(ledger).where(ledger.c.id == 1, store.fenced(ctx)).values(...)
+        )
+        ```
         """
         if ctx.fence is None:
             raise LeaseLostError(

@@ -1,6 +1,6 @@
 """The store's writes as SQL: claims, releases (with their history rows),
 renewals, heartbeats, pause changes, and the history's retention; and
-:class:`Statements`, which holds them built for one database.
+`Statements`, which holds them built for one database.
 
 Every time comparison uses the database's clock (``_db_clock``). Statements
 name every bind ``b_...``: the batch ones (claims, releases) run as driver SQL
@@ -228,7 +228,7 @@ def _history(runs: sa.Table, source: Any, owner: Any, *where: Any) -> Any:
 def release(claims: sa.Table, runs: sa.Table | None, dialect: str) -> Any:
     """The release of many claims in one statement (rows as in ``rows_cte``);
     every bind is a named one. On PostgreSQL with ``runs``, the same statement
-    writes the history rows (on SQLite, :func:`released_runs` does, first)."""
+    writes the history rows (on SQLite, `released_runs` does, first)."""
     c = claims
     v = rows_cte("ended", _ENDED, dialect)
     ran = v.c.outcome.is_not(None)

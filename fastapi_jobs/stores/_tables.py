@@ -146,12 +146,15 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
     For apps whose schema is managed by migrations (Alembic): with the tables
     in the ``MetaData`` that ``env.py`` gives as ``target_metadata``,
     ``alembic revision --autogenerate`` writes the migration that creates
-    them, and the store runs with ``create_tables=False``::
+    them, and the store runs with ``create_tables=False``:
 
-        from fastapi_jobs.stores import include_tables
+    ```python
+    # fragment: migrations/env.py, where the app's declarative base is Base
+    from fastapi_jobs.stores import include_tables
 
-        include_tables(Base.metadata)
-        target_metadata = Base.metadata
+    include_tables(Base.metadata)
+    target_metadata = Base.metadata
+    ```
 
     Pass the same ``table_prefix`` as to ``SQLAlchemyStore``. The tables keep
     their own names whatever the metadata's ``naming_convention`` (their

@@ -6,7 +6,7 @@
 - ``waiting``: ``poll`` (in an event loop) and ``wait_until`` (outside one).
 - ``ports``: ``free_port``.
 - ``pauses``: the pauser (``python -m tests.pauses``) and its pytest plugin.
-- ``screenshot``: retakes the README's screenshot (``python -m tests.support.screenshot``).
+- ``screenshot``: retakes the status page's screenshot (docs/status-page.png) (``python -m tests.support.screenshot``).
 
 A package inside tests/ rather than a top-level one: the repository's top level
 stays the product, its tests, its example, its docs, its bench and its CI, and

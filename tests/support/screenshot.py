@@ -1,4 +1,4 @@
-"""Take the README's screenshot of the example app's status page.
+"""Take the docs' screenshot of the example app's status page.
 
     python -m tests.support.screenshot   # writes docs/status-page.png
 
