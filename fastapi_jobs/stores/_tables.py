@@ -124,9 +124,9 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
         sa.Column("outcome", sa.String(20), nullable=False),
         sa.Column("error", sa.Text, nullable=True),
         sa.Column("instance", sa.String(200), nullable=False),
-        # conv(): the name as given, never one made by the app's naming_convention
-        # (the store's own tables have it, and so must Alembic's, or each
-        # autogenerate would propose to rename it).
+        # conv(): this name whatever the app's naming_convention, the one the
+        # store's own DDL gives it: a database made by either matches the other,
+        # and no autogenerate proposes to rename it.
         sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
     return Tables(metadata, claims, instances, pauses, runs)
