@@ -55,7 +55,10 @@ def test_exported_members() -> None:
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        ("fastapi_jobs.stores", ["Ended", "Instance", "SQLAlchemyStore", "Store"]),
+        (
+            "fastapi_jobs.stores",
+            ["Ended", "Instance", "SQLAlchemyStore", "Store", "include_tables"],
+        ),
         (
             "fastapi_jobs.observers",
             ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"],

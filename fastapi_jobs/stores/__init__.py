@@ -7,12 +7,16 @@ SQLAlchemy::
 
     scheduler = Scheduler(lifespan=resources, store=SQLAlchemyStore(lambda s: s["db"]))
 
+``include_tables`` adds the store's tables to the app's own ``MetaData``, for
+apps whose migrations (Alembic) make them.
+
 ``Store`` is the protocol a store implements, with the rows it passes
 (``Ended``: a run's end; ``Instance``: the process as the store sees it).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._distribution import NAME, install_hint
@@ -20,8 +24,12 @@ from .._store import Ended, Instance, Store
 
 if TYPE_CHECKING:
     from ._sqlalchemy import SQLAlchemyStore
+    from ._tables import include_tables
 
-__all__ = ["Ended", "Instance", "SQLAlchemyStore", "Store"]
+__all__ = ["Ended", "Instance", "SQLAlchemyStore", "Store", "include_tables"]
+
+# What needs SQLAlchemy, and the private module that defines it.
+_LAZY = {"SQLAlchemyStore": "._sqlalchemy", "include_tables": "._tables"}
 
 for _kind in (Ended, Instance, Store):
     _kind.__module__ = __name__
@@ -29,19 +37,19 @@ del _kind
 
 
 def __getattr__(name: str) -> Any:
-    if name != "SQLAlchemyStore":
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from ._sqlalchemy import SQLAlchemyStore
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on what is installed
         if exc.name != "sqlalchemy":
             raise
         raise ModuleNotFoundError(
-            f"SQLAlchemyStore needs SQLAlchemy and a driver: install {NAME} with the "
+            f"{name} needs SQLAlchemy and a driver: install {NAME} with the "
             "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
             f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself",
             name=exc.name,
         ) from exc
-    SQLAlchemyStore.__module__ = __name__
-    globals()["SQLAlchemyStore"] = SQLAlchemyStore  # found directly from now on
-    return SQLAlchemyStore
+    value.__module__ = __name__
+    globals()[name] = value  # found directly from now on
+    return value

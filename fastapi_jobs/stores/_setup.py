@@ -1,13 +1,14 @@
 """Making the store's tables ready: create the missing ones (several workers
-may do it at the same moment at startup: retried), and add the column a table
+may do it at the same moment at startup: retried), and add the columns a table
 made by an earlier release lacks. With ``create_tables=False`` nothing is
-created: the error names the DDL to run."""
+created or altered: the error names the migration to make."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,27 +22,38 @@ __all__ = ["ensure_tables"]
 logger = logging.getLogger("fastapi_jobs.stores")
 
 _ATTEMPTS = 5
+_ALEMBIC = "with Alembic: alembic revision --autogenerate, then alembic upgrade head"
 
 
 async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) -> None:
-    """Check that the store's tables exist (and create the missing ones if
-    ``create``); raise `StoreError` if they cannot be used."""
+    """Check that the store's tables and their columns exist (and make the
+    missing ones if ``create``); raise `StoreError` if they cannot be used."""
     names = [t.name for t in tables.metadata.sorted_tables]
 
-    def check(sync_conn: sa.Connection) -> list[str]:
-        inspector = sa.inspect(sync_conn)
-        return [n for n in names if not inspector.has_table(n)]
+    def read(sync_conn: sa.Connection) -> dict[str, set[str]]:
+        # One read of the catalog for the four tables (PostgreSQL), not one per table.
+        found = sa.inspect(sync_conn).get_multi_columns(filter_names=names)
+        return {name: {column["name"] for column in cols} for (_, name), cols in found.items()}
 
-    missing = await conn.run_sync(check)
-    if tables.pauses.name not in missing:
-        await _ensure_pause_versions(conn, tables.pauses, create=create)
+    found = await conn.run_sync(read)
+    missing = [name for name in names if name not in found]
+    if missing and not create:
+        raise StoreError(
+            f"table(s) {', '.join(missing)} do not exist, and create_tables=False: make them "
+            f"with a migration ({_ALEMBIC}, with include_tables() in its env.py), or with the "
+            "DDL from SQLAlchemyStore.ddl(), or pass create_tables=True"
+        )
+    lacking = [
+        (table, column)
+        for table in tables.metadata.sorted_tables
+        if table.name in found
+        for column in table.columns
+        if column.name not in found[table.name]
+    ]
+    if lacking:
+        await _add_columns(conn, lacking, read, create=create)
     if not missing:
         return
-    if not create:
-        raise StoreError(
-            f"table(s) {', '.join(missing)} do not exist: create them with the DDL "
-            "from SQLAlchemyStore.ddl(), or pass create_tables=True"
-        )
     for attempt in range(1, _ATTEMPTS + 1):
         try:
             await conn.run_sync(tables.metadata.create_all, checkfirst=True)
@@ -49,7 +61,7 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
         except sa.exc.DatabaseError:
             # Other instances were creating them at the same moment
             # ("already exists", or a duplicate in PostgreSQL's catalog).
-            if not await conn.run_sync(check):
+            if set(await conn.run_sync(read)) == set(names):
                 break
             if attempt == _ATTEMPTS:
                 raise
@@ -57,29 +69,36 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
     logger.info("created table(s) %s", ", ".join(missing))
 
 
-async def _ensure_pause_versions(conn: AsyncConnection, pauses: sa.Table, *, create: bool) -> None:
-    """A pauses table made by a release before versions gets the column (0 in
-    the rows there: the next change of each goes above it)."""
-    p = pauses
-
-    def lacks_it(sync_conn: sa.Connection) -> bool:
-        columns = sa.inspect(sync_conn).get_columns(p.name)
-        return "version" not in {column["name"] for column in columns}
-
-    if not await conn.run_sync(lacks_it):
-        return
-    table = conn.dialect.identifier_preparer.format_table(p)
-    column = CreateColumn(p.c.version).compile(dialect=conn.dialect)
-    alter = f"ALTER TABLE {table} ADD COLUMN {column}"
+async def _add_columns(
+    conn: AsyncConnection,
+    lacking: list[tuple[sa.Table, sa.Column[object]]],
+    read: Callable[[sa.Connection], dict[str, set[str]]],
+    *,
+    create: bool,
+) -> None:
+    """Add the columns that tables made by an earlier release lack (``version``
+    of the pauses: 0 in the rows there, the next change of each goes above it).
+    A release that adds a column gives it a default or lets it be NULL, so the
+    ALTER works on a table with rows."""
+    preparer = conn.dialect.identifier_preparer
+    alters = [
+        f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN "
+        f"{CreateColumn(column).compile(dialect=conn.dialect)}"
+        for table, column in lacking
+    ]
     if not create:
+        where = ", ".join(f"{table.name}.{column.name}" for table, column in lacking)
         raise StoreError(
-            f"table {p.name} has no column version (an earlier release made it): "
-            f"add it with {alter}, or pass create_tables=True"
+            f"column(s) {where} do not exist (an earlier release made the table), and "
+            f"create_tables=False: make the migration the CHANGELOG names for this release "
+            f"({_ALEMBIC}), or add {'it' if len(alters) == 1 else 'them'} with "
+            f"{'; '.join(alters)}, or pass create_tables=True"
         )
-    try:
-        await conn.exec_driver_sql(alter)
-    except sa.exc.DatabaseError:
-        if await conn.run_sync(lacks_it):
-            raise
-        return  # another instance added it at the same moment
-    logger.info("added the column version to table %s", p.name)
+    for (table, column), alter in zip(lacking, alters, strict=True):
+        try:
+            await conn.exec_driver_sql(alter)
+        except sa.exc.DatabaseError:
+            if column.name not in (await conn.run_sync(read)).get(table.name, ()):
+                raise
+            continue  # another instance added it at the same moment
+        logger.info("added the column %s to table %s", column.name, table.name)

@@ -14,21 +14,25 @@
 
 Times are stored as POSIX seconds (double precision) so that both databases
 compare them alike. The SQL that works on the tables is in ``_statements`` and
-``_queries``; creating them at startup is ``_setup``'s.
+``_queries``; creating them at startup is ``_setup``'s. ``include_tables`` puts
+the same tables in the app's own ``MetaData``, where Alembic's autogenerate
+sees them.
 """
 
 from __future__ import annotations
 
+import weakref
+from functools import partial
 from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.dialects.sqlite.base import SQLiteDialect
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import BLANK_SCHEMA, CreateIndex, CreateTable, SchemaItem, conv
 
 from .._errors import ConfigurationError, short
 
-__all__ = ["Tables", "check_prefix", "ddl", "tables"]
+__all__ = ["Tables", "check_prefix", "ddl", "include_tables", "tables"]
 
 
 class Tables(NamedTuple):
@@ -47,6 +51,11 @@ _MAX_NAME_BYTES = 63
 """PostgreSQL's NAMEDATALEN - 1: it cuts longer names short (with a NOTICE),
 so two of the store's names could end alike, and none would be the name the
 store looks for."""
+_MADE: weakref.WeakKeyDictionary[sa.Table, str] = weakref.WeakKeyDictionary()
+"""The tables made here, and their prefix: a table of the app's under the same
+name is told from them. Not in ``Table.info``: Alembic writes that into every
+migration it generates."""
+_KINDS = ("claims", "instances", "pauses", "runs")
 
 
 def check_prefix(prefix: object, context: str = "") -> str:
@@ -64,13 +73,13 @@ def check_prefix(prefix: object, context: str = "") -> str:
     return prefix
 
 
-def tables(prefix: str) -> Tables:
-    """The store's tables, named with ``prefix``."""
+def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
+    """The store's tables, named with ``prefix``, in ``metadata`` (a new one by default)."""
     check_prefix(prefix)
-    metadata = sa.MetaData()
-    claims = sa.Table(
-        f"{prefix}claims",
-        metadata,
+    metadata = sa.MetaData() if metadata is None else metadata
+    table = partial(_table, metadata, prefix)
+    claims = table(
+        "claims",
         sa.Column("job", sa.String(200), primary_key=True),
         sa.Column("last_tick", sa.Double, nullable=False),
         sa.Column("fence", sa.BigInteger, nullable=False),
@@ -82,18 +91,16 @@ def tables(prefix: str) -> Tables:
         sa.Column("outcome", sa.String(20), nullable=True),
         sa.Column("error", sa.Text, nullable=True),
     )
-    instances = sa.Table(
-        f"{prefix}instances",
-        metadata,
+    instances = table(
+        "instances",
         sa.Column("id", sa.String(200), primary_key=True),
         sa.Column("hostname", sa.String(255), nullable=False),
         sa.Column("pid", sa.Integer, nullable=False),
         sa.Column("started_at", sa.Double, nullable=False),
         sa.Column("seen_at", sa.Double, nullable=False),
     )
-    pauses = sa.Table(
-        f"{prefix}pauses",
-        metadata,
+    pauses = table(
+        "pauses",
         sa.Column("job", sa.String(200), primary_key=True),
         sa.Column("paused", sa.Boolean, nullable=False),
         sa.Column("until", sa.Double, nullable=True),  # NULL: until resumed
@@ -102,9 +109,8 @@ def tables(prefix: str) -> Tables:
         # Tables made by a release before versions get the column with 0.
         sa.Column("version", sa.BigInteger, nullable=False, server_default=sa.text("0")),
     )
-    runs = sa.Table(
-        f"{prefix}runs",
-        metadata,
+    runs = table(
+        "runs",
         # INTEGER PRIMARY KEY is SQLite's rowid: it numbers rows by itself.
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
         sa.Column("job", sa.String(200), nullable=False),
@@ -118,9 +124,67 @@ def tables(prefix: str) -> Tables:
         sa.Column("outcome", sa.String(20), nullable=False),
         sa.Column("error", sa.Text, nullable=True),
         sa.Column("instance", sa.String(200), nullable=False),
-        sa.Index(_LONGEST.format(prefix), "job", "id"),
+        # conv(): this name whatever the app's naming_convention, the one the
+        # store's own DDL gives it: a database made by either matches the other,
+        # and no autogenerate proposes to rename it.
+        sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
     return Tables(metadata, claims, instances, pauses, runs)
+
+
+def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) -> sa.Table:
+    # BLANK_SCHEMA: where the store looks for its tables (the connection's
+    # default schema), whatever default schema the app's MetaData has.
+    made = sa.Table(f"{prefix}{kind}", metadata, *items, schema=BLANK_SCHEMA)
+    _MADE[made] = prefix
+    return made
+
+
+def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -> list[sa.Table]:
+    """Add the store's four tables (and their index) to the app's ``metadata``.
+
+    For apps whose schema is managed by migrations (Alembic): with the tables
+    in the ``MetaData`` that ``env.py`` gives as ``target_metadata``,
+    ``alembic revision --autogenerate`` writes the migration that creates
+    them, and the store runs with ``create_tables=False``:
+
+    ```python
+    # fragment: migrations/env.py, where the app's declarative base is Base
+    from fastapi_jobs.stores import include_tables
+
+    include_tables(Base.metadata)
+    target_metadata = Base.metadata
+    ```
+
+    Pass the same ``table_prefix`` as to ``SQLAlchemyStore``. The tables keep
+    their own names whatever the metadata's ``naming_convention`` (their
+    primary keys, which the store never names, take the convention's), and
+    they are in the connection's default schema, where the store looks for
+    them, whatever the metadata's ``schema``.
+
+    Calling it again with the same metadata and prefix adds nothing and
+    returns the same tables (``env.py`` runs once per Alembic command, and
+    several times in one process when commands are called from Python).
+
+    Returns:
+        The four tables, in the order they are created.
+
+    Raises:
+        ConfigurationError: ``table_prefix`` is not one the store takes, or the
+            metadata has a table of its own under one of the store's names.
+    """
+    prefix = check_prefix(table_prefix, context="include_tables(): ")
+    names = [f"{prefix}{kind}" for kind in _KINDS]
+    present = [metadata.tables[name] for name in names if name in metadata.tables]
+    theirs = [table.name for table in present if _MADE.get(table) != prefix]
+    if theirs:
+        raise ConfigurationError(
+            f"include_tables(): the metadata has a table of its own named {theirs[0]!r}: "
+            f"give the store another table_prefix= (the same in SQLAlchemyStore(...))"
+        )
+    if len(present) == len(names):
+        return present  # included before: the same tables
+    return list(tables(prefix, metadata)[1:])
 
 
 def ddl(dialect: str, table_prefix: str) -> str:
