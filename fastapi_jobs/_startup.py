@@ -36,7 +36,9 @@ def log_start(logger: logging.Logger, runners: list[JobRunner], now: float) -> N
         except Exception:  # noqa: BLE001 - a user's schedule; its loop reports it
             nxt = None
         paused = ""
-        if runner.paused_until > now:
+        if runner.pause_unknown:  # an every_instance job, until the store's pauses are read
+            paused = ", waiting for the store's pauses to be read"
+        elif runner.paused_until > now:
             end = pause_end(runner.paused_until, now)
             paused = ", paused" + ("" if end is None else f" until {end.isoformat()}")
         logger.info(

@@ -4,6 +4,7 @@ became of the change, and readings that never take this process back in time."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sqlite3
 from collections.abc import AsyncIterator
@@ -337,12 +338,13 @@ async def test_a_pauses_table_from_before_versions_gets_its_column(database_url:
 
 
 async def test_an_every_instance_pause_holds_while_the_store_cannot_be_read(
-    database_url: str,
+    database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An every_instance job paused in the store, an instance that starts while the
     pauses cannot be read (their table locked past the timeout): no claim guards
     that job, so it fails closed, skipping its ticks as store_unavailable until
-    the store's pauses are read, then as paused. It never runs."""
+    the store's pauses are read, then as paused. It never runs. Its start-up line
+    says it waits for the pauses (it once said "paused", before anything was read)."""
     await pause_in_store(database_url, "refresh")
     store = SQLAlchemyStore(database_url, lease=3, timeout=0.5, heartbeat=0.3)
     scheduler = Scheduler(store=store, shutdown_timeout=2)
@@ -352,12 +354,20 @@ async def test_an_every_instance_pause_holds_while_the_store_cannot_be_read(
     async def refresh() -> None:
         ran.append(1)
 
-    async with pauses_locked(database_url, 1.5), scheduler.running():
-        await poll(lambda: scheduler.job_status("refresh").skipped.get("store_unavailable", 0) > 2)
-        unknown = scheduler.job_status("refresh")
-        await poll(lambda: scheduler.job_status("refresh").skipped.get("paused", 0) > 2, within=15)
-        known = scheduler.job_status("refresh")
+    with caplog.at_level(logging.INFO, logger="fastapi_jobs"):
+        async with pauses_locked(database_url, 1.5), scheduler.running():
+            await poll(
+                lambda: scheduler.job_status("refresh").skipped.get("store_unavailable", 0) > 2
+            )
+            unknown = scheduler.job_status("refresh")
+            started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job ")]
+            await poll(
+                lambda: scheduler.job_status("refresh").skipped.get("paused", 0) > 2, within=15
+            )
+            known = scheduler.job_status("refresh")
     assert ran == []
+    [line] = started
+    assert line.endswith(", in every instance, waiting for the store's pauses to be read"), line
     assert unknown.paused is False  # the status does not claim a pause it has not read
     assert known.paused is True
 
