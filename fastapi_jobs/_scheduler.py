@@ -75,7 +75,7 @@ class Scheduler:
             then runs on one instance only. Without one, nothing touches a
             database and every instance runs every job.
         clock: where time comes from; tests pass a `LoopClock`.
-        history: the runs of each job this process keeps in memory for
+        history: the runs of each job this process keeps in memory (50 by default) for
             ``GET /jobs/{name}/runs`` (24 bytes each), 0 for none. Runs
             claimed in a store are in the store's history instead.
         observers: told about each run and each skipped tick (see
@@ -348,7 +348,8 @@ class Scheduler:
 
     @property
     def router(self) -> APIRouter:
-        """An ``APIRouter`` serving ``GET /jobs`` and ``GET /jobs/{name}``.
+        """An ``APIRouter`` serving the status: ``GET /jobs``, ``GET /jobs/{name}``,
+        ``GET /jobs/{name}/runs``, ``GET /jobs/instances`` and the page ``GET /jobs/ui``.
 
         Include it with the app's own dependencies to protect it:
         ``app.include_router(scheduler.router, dependencies=[Depends(admin)])``.
@@ -364,9 +365,10 @@ class Scheduler:
     ) -> APIRouter:
         """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``.
 
-        Pass the app's own auth: ``scheduler.control_router(dependencies=
-        [Depends(require_admin)])``. Without dependencies it refuses to be built
-        (anyone could run or stop jobs) unless ``public=True`` says so on purpose.
+        Pass the app's own auth:
+        ``scheduler.control_router(dependencies=[Depends(require_admin)])``.
+        Without dependencies it refuses to be built (anyone could run or stop
+        jobs) unless ``public=True`` says so on purpose.
         Include it beside `router`, under the same ``/jobs``.
         """
         flag("public", public, context="control_router(): ")

@@ -36,8 +36,9 @@ def _us(ts: float) -> int:
 class Schedule(abc.ABC):
     """When a job runs. Subclass it for a schedule of your own.
 
-    Only `next_after` is required; `ticks_between` has a generic
-    implementation that subclasses may speed up.
+    A subclass implements `next_after` and `describe`; `last_at_or_before` too
+    for `run_on_startup` with a store and for `fastapi-jobs run`.
+    `ticks_between` has a generic implementation that subclasses may speed up.
     """
 
     # Empty, so that the built-in schedules' own __slots__ take effect (a

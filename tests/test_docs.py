@@ -24,6 +24,7 @@ from fastapi_jobs._distribution import NAME
 from fastapi_jobs._job import DEFAULTS
 
 from .conftest import serve
+from .support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -113,8 +114,38 @@ async def test_a_complete_block_runs(
 ) -> None:
     """The block runs in a fresh namespace (SQLite files in a temporary folder); its
     app serves /jobs behind its auth (or its metrics), and each of its jobs runs once."""
-    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DATABASE_URL", raising=False)
+    await run_block(path, code, tmp_path, monkeypatch)
+
+
+ON_DATABASE_URL = [(path, code) for path, code in COMPLETE if 'environ.get("DATABASE_URL"' in code]
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+@pytest.mark.parametrize(
+    ("path", "code"),
+    ON_DATABASE_URL,
+    ids=[f"{path.stem}-{k}" for k, (path, _) in enumerate(ON_DATABASE_URL)],
+)
+async def test_a_block_that_reads_database_url_runs_on_postgresql(
+    path: Path,
+    code: str,
+    driver: str,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block that takes the app's database from DATABASE_URL works on PostgreSQL
+    too, its SQL included (the first app's once compared a TEXT column with a
+    timestamp, which SQLite allows and PostgreSQL refuses)."""
+    assert ON_DATABASE_URL
+    monkeypatch.setenv("DATABASE_URL", postgres.url(postgres.create_database(), driver=driver))
+    await run_block(path, code, tmp_path, monkeypatch)
+
+
+async def run_block(path: Path, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a complete block as its page's reader would, and check what it serves."""
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("JOBS_TOKEN", "readme-token")
     namespace: dict[str, object] = {"__name__": "docs_block"}
     exec(compile(code, str(path.relative_to(ROOT)), "exec"), namespace)
