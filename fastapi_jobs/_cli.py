@@ -123,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"fastapi-jobs: error: {exc}", file=sys.stderr)
         return USAGE
+    except BrokenPipeError:  # `fastapi-jobs list ... | head`: the reader has what it wanted
+        # What is still buffered must not fail again as Python flushes at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _count(n: int) -> int:
@@ -254,13 +258,14 @@ async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
         # In the job's own zone (a cron's), else UTC: the machine's zone is no
         # job's, and differs between the operator's laptop and the pods.
         zone = getattr(job.schedule, "tz", None) or UTC
-        ts = now
+        times, ts = [], now
         try:
             for _ in range(n):
                 ts = job.schedule.next_after(ts)
-                print(f"  next: {_when(ts, zone)}")
+                times.append(f"  next: {_when(ts, zone)}")
         except Exception as exc:  # noqa: BLE001 - a user's schedule
-            print(f"  next: its schedule fails: {exc!r}")
+            times.append(f"  next: its schedule fails: {exc!r}")
+        print("\n".join(times))  # outside the try: a closed pipe is no schedule's fault
     return OK
 
 

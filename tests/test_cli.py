@@ -132,3 +132,32 @@ def test_list_shows_each_jobs_times_in_its_own_zone_not_the_machines(
     assert " 07:00:00 E" in morning and " UTC)" in morning
     hourly = next(line for line in out.splitlines() if "next:" in line)
     assert hourly.endswith(":00:00 UTC") and "JST" not in out
+
+
+def test_a_reader_that_stops_reading_ends_the_listing_quietly() -> None:
+    """`fastapi-jobs list ... | head -1`: the pipe closes under the listing, which
+    ends with 128 + SIGPIPE and no traceback (it once printed two, and blamed the
+    job's schedule for the closed pipe)."""
+    import signal
+
+    listing = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fastapi_jobs",
+            "list",
+            "tests.apps.cli_app:scheduler",
+            "-n",
+            "1000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert listing.stdout is not None and listing.stderr is not None
+    first = listing.stdout.readline()
+    listing.stdout.close()  # what head does after its line
+    with listing.stderr:
+        said = listing.stderr.read().decode()
+    assert listing.wait(timeout=60) == 128 + signal.SIGPIPE, said
+    assert first.strip() and "Traceback" not in said and "its schedule fails" not in said
