@@ -32,11 +32,17 @@ SECTION_END = "<!-- --8<-- [end:tables] -->"
 
 
 def check_out(path: Path) -> None:
-    """Exit, saying why, rather than overwrite a file that this command did not write."""
+    """Exit, saying why, rather than overwrite a file that this command did not write
+    or write where no file can be (checked before minutes of measuring)."""
+    if not path.parent.is_dir():
+        sys.exit(f"python -m bench: --out {path}: the folder {path.parent} does not exist")
     try:
-        first = path.read_text().partition("\n")[0]
+        with path.open("rb") as file:
+            first = file.readline().decode("utf-8", "replace")
     except FileNotFoundError:
         return
+    except OSError as exc:  # a folder, a file we may not read
+        sys.exit(f"python -m bench: --out {path}: cannot be written as a file: {exc.strerror}")
     if not first.startswith(MARKER):
         sys.exit(
             f"python -m bench: --out {path}: refusing to overwrite this file: its first line "
@@ -53,7 +59,11 @@ def write_out(path: Path, text: str) -> None:
     except SystemExit:
         print(text)  # the run's results are not lost with the refusal
         raise
-    path.write_text(text)
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        print(text)
+        sys.exit(f"python -m bench: --out {path}: {exc.strerror}; the tables are printed above")
 
 
 def run(args: list[str], timeout: float = 600) -> dict[str, Any]:

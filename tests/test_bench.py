@@ -95,3 +95,20 @@ def test_the_write_checks_the_file_again(
     fresh = tmp_path / "fresh.md"
     write_out(fresh, "the tables")
     assert fresh.read_text() == "the tables"
+
+
+@pytest.mark.parametrize("where", ["missing-folder/BENCHMARKS.md", ".", "binary.md"])
+def test_an_out_that_cannot_be_the_file_is_refused_before_measuring(
+    where: str, tmp_path: Path
+) -> None:
+    """A folder that does not exist (the tables would be lost after minutes of
+    measuring), a folder, or a binary file: refused up front, with a sentence,
+    not a traceback."""
+    (tmp_path / "binary.md").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    refused = bench("--quick", "--out", str(tmp_path / where))
+    assert refused.returncode != 0
+    assert (
+        refused.stderr.startswith("python -m bench: --out ") and "Traceback" not in refused.stderr
+    )
+    assert refused.stdout == ""
+    assert (tmp_path / "binary.md").read_bytes() == b"\x89PNG\r\n\x1a\n\x00\xff"
