@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
-from ._errors import short
+from ._errors import StoreError, short
 from ._store import Ended, Store
 
 __all__ = ["Claims"]
@@ -34,7 +34,7 @@ _NAMED = 5
 
 
 def _names(jobs: Sequence[str]) -> str:
-    named = ", ".join(repr(short(job, 40)) for job in jobs[:_NAMED])
+    named = ", ".join(short(job, 40) for job in jobs[:_NAMED])
     return named if len(jobs) <= _NAMED else f"{named} and {len(jobs) - _NAMED} more"
 
 
@@ -52,10 +52,10 @@ class Claims:
 
     async def claim(
         self, wanted: list[tuple[str, float]], *, manual: bool = False
-    ) -> Mapping[str, int | Exception] | None:
+    ) -> Mapping[str, int | Exception] | Exception:
         """Claim ``(job, tick)`` pairs in one call: the fences by job (a job not
-        there is held elsewhere, or paused), or None when the store could not be
-        reached (fail closed: those ticks are skipped, and logged here)."""
+        there is held elsewhere, or paused), or why the store could not be used
+        (fail closed: those ticks are skipped, and logged here)."""
         store = self.store
         try:
             with anyio.fail_after(store.timeout):
@@ -65,13 +65,17 @@ class Claims:
                     return await store.claim(wanted, manual=True)
                 return await store.claim(wanted)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
+            # A StoreError is the store's own word on why it cannot be used (its
+            # tables, say): the database answered. Anything else never got an answer.
+            told = isinstance(exc, StoreError)
             self.logger.warning(
-                "store unreachable, tick skipped for %d job(s) (%s): %r",
+                "store %s, tick skipped for %d job(s) (%s): %s",
+                "not usable" if told else "unreachable",
                 len(wanted),
                 _names([job for job, _ in wanted]),
-                exc,
+                exc if told else repr(exc),
             )
-            return None
+            return exc
 
     async def _release_first(self, jobs: set[str]) -> None:
         """Before claiming ``jobs``: send the releases that failed before and the

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
@@ -214,14 +214,16 @@ class Dispatcher:
             claimed_at = anyio.current_time()  # the leases count from the claim's sending
             fences = await self._claims.claim([(r.job.name, r.due) for r in runners])
             won: list[JobRunner] = []
+            failed = isinstance(fences, Exception)
+            got: Mapping[str, int | Exception] = {} if isinstance(fences, Exception) else fences
             for runner in pending:
-                fence = None if fences is None else fences.get(runner.job.name)
+                fence = got.get(runner.job.name)
                 if isinstance(fence, int):
                     runner.fence, runner.claimed_at = fence, claimed_at
                     won.append(runner)
                     continue
                 runner.settle()
-                if fences is None:
+                if failed:
                     runner.skipped("store_unavailable", runner.due)  # logged by claim()
                 elif fence is None:
                     runner.skipped("claimed_elsewhere", runner.due)

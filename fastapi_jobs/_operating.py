@@ -96,9 +96,14 @@ class Operator:
             fences = await claims.claim([(name, tick)], manual=by_hand)
         finally:
             runner.in_flight = False
-        got = None if fences is None else fences.get(name)
-        if fences is None:
-            raise StoreError(f"cannot trigger {name!r}: the store cannot be reached; nothing ran")
+        if isinstance(fences, StoreError):  # its text is the store's, free of secrets
+            raise StoreError(f"cannot trigger {name!r}: {fences}; nothing ran") from fences
+        if isinstance(fences, Exception):
+            raise StoreError(
+                f"cannot trigger {name!r}: the store cannot be reached ({ErrorInfo.of(fences)}); "
+                "nothing ran"
+            ) from fences
+        got = fences.get(name)
         if isinstance(got, Exception):
             raise StoreError(
                 f"cannot trigger {name!r}: the database refused its claim "

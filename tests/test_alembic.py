@@ -385,7 +385,7 @@ async def test_with_create_tables_a_missing_column_is_added(database_url: str) -
 
 def test_without_sqlalchemy_include_tables_says_which_extra_to_install() -> None:
     """`from fastapi_jobs.stores import include_tables` without SQLAlchemy names
-    the extras, like the store does."""
+    the extra it needs: SQLAlchemy alone, no driver (the store needs one)."""
     code = (
         "import sys; sys.modules['sqlalchemy'] = None\n"
         "try:\n"
@@ -394,4 +394,5 @@ def test_without_sqlalchemy_include_tables_says_which_extra_to_install() -> None
         "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.startswith("include_tables needs SQLAlchemy and a driver")
+    assert out.stdout.startswith("include_tables needs SQLAlchemy (no driver)")
+    assert "pip install 'fastapi-scheduled-jobs[sqlalchemy]'" in out.stdout

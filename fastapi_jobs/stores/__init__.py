@@ -44,12 +44,22 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on what is installed
         if exc.name != "sqlalchemy":
             raise
-        raise ModuleNotFoundError(
-            f"{name} needs SQLAlchemy and a driver: install {NAME} with the "
-            "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
-            f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself",
-            name=exc.name,
-        ) from exc
+        raise ModuleNotFoundError(_missing(name), name=exc.name) from exc
     value.__module__ = __name__
     globals()[name] = value  # found directly from now on
     return value
+
+
+def _missing(name: str) -> str:
+    """What to install for ``name``: the store runs on a driver; the tables
+    (for the app's migrations) need SQLAlchemy alone."""
+    if name == "include_tables":
+        return (
+            f"{name} needs SQLAlchemy (no driver): install {NAME} with the extra "
+            f"[sqlalchemy], {install_hint('sqlalchemy')}, or install sqlalchemy yourself"
+        )
+    return (
+        f"{name} needs SQLAlchemy and a driver: install {NAME} with the "
+        "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
+        f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself"
+    )

@@ -1,7 +1,10 @@
 """Making the store's tables ready: create the missing ones (several workers
 may do it at the same moment at startup: retried), and add the columns a table
 made by an earlier release lacks. With ``create_tables=False`` nothing is
-created or altered: the error names the migration to make."""
+created or altered: the error names the migration to make.
+
+A table under one of the store's names that is not the store's (the app's own)
+is never altered: the store refuses to start on it."""
 
 from __future__ import annotations
 
@@ -36,13 +39,7 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
         return {name: {column["name"] for column in cols} for (_, name), cols in found.items()}
 
     found = await conn.run_sync(read)
-    missing = [name for name in names if name not in found]
-    if missing and not create:
-        raise StoreError(
-            f"table(s) {', '.join(missing)} do not exist, and create_tables=False: make them "
-            f"with a migration ({_ALEMBIC}, with include_tables() in its env.py), or with the "
-            "DDL from SQLAlchemyStore.ddl(), or pass create_tables=True"
-        )
+    _refuse_foreign(tables, found, create=create)
     lacking = [
         (table, column)
         for table in tables.metadata.sorted_tables
@@ -50,8 +47,15 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
         for column in table.columns
         if column.name not in found[table.name]
     ]
-    if lacking:
+    if lacking:  # first: a table of the app's is said before the tables to make
         await _add_columns(conn, lacking, read, create=create)
+    missing = [name for name in names if name not in found]
+    if missing and not create:
+        raise StoreError(
+            f"table(s) {', '.join(missing)} do not exist, and create_tables=False: make them "
+            f"with a migration ({_ALEMBIC}, with include_tables() in its env.py), or with the "
+            "DDL from SQLAlchemyStore.ddl(), or pass create_tables=True"
+        )
     if not missing:
         return
     for attempt in range(1, _ATTEMPTS + 1):
@@ -67,6 +71,32 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
                 raise
             await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
     logger.info("created table(s) %s", ", ".join(missing))
+
+
+def _addable(column: sa.Column[object]) -> bool:
+    """Whether a release may add ``column`` to a table it made before: only a
+    column that may be NULL or has a default (the ALTER works on a table with rows)."""
+    return bool(column.nullable) or column.server_default is not None
+
+
+def _refuse_foreign(tables: Tables, found: dict[str, set[str]], *, create: bool) -> None:
+    """`StoreError` for a table under a store name that the store never made: it
+    lacks the store's key (``job``, or ``id``), or (when the store would add the
+    missing columns) a column that no table the store made ever lacked."""
+    for table in tables.metadata.sorted_tables:
+        if table.name not in found:
+            continue
+        have = found[table.name]
+        keys = [c.name for c in table.columns if c.primary_key or c.name == "job"]
+        absent = [name for name in keys if name not in have]
+        if not absent and create:
+            absent = [c.name for c in table.columns if c.name not in have and not _addable(c)]
+        if absent:
+            raise StoreError(
+                f"table {table.name} is not the store's (it has no column {', '.join(absent)}): "
+                "it is left as it is; give SQLAlchemyStore(...) another table_prefix= "
+                "(the same in include_tables(), if the app's migrations use it)"
+            )
 
 
 async def _add_columns(
@@ -88,8 +118,14 @@ async def _add_columns(
     ]
     if not create:
         where = ", ".join(f"{table.name}.{column.name}" for table, column in lacking)
+        made = (
+            "an earlier release made the table"
+            if all(_addable(column) for _, column in lacking)
+            else "a migration left them out; or the table is the app's own: then give the "
+            "store another table_prefix="
+        )
         raise StoreError(
-            f"column(s) {where} do not exist (an earlier release made the table), and "
+            f"column(s) {where} do not exist ({made}), and "
             f"create_tables=False: make the migration the CHANGELOG names for this release "
             f"({_ALEMBIC}), or add {'it' if len(alters) == 1 else 'them'} with "
             f"{'; '.join(alters)}, or pass create_tables=True"

@@ -61,9 +61,9 @@ class SQLAlchemyStore:
     share the database, while leases are honoured: a run renews its lease
     every ``lease / 3`` and is cancelled if it cannot. The tables
     (``fastapi_jobs_claims``, ``_instances``, ``_pauses``, ``_runs``) are
-    created on first use unless ``create_tables=False``: then the app's
-    migrations make them (Alembic: `include_tables`; otherwise `ddl` prints
-    their DDL).
+    created when the scheduler starts unless ``create_tables=False``: then the
+    app's migrations make them (Alembic: `include_tables`; otherwise `ddl`
+    prints their DDL).
 
     The run history keeps the last ``history`` runs of each job (0: none) for
     at most ``history_max_age``; it is written by the release's own round trip

@@ -62,6 +62,13 @@ def check_prefix(prefix: object, context: str = "") -> str:
     """``prefix`` if every name made with it fits PostgreSQL's identifiers."""
     if not isinstance(prefix, str):
         raise ConfigurationError(f"{context}table_prefix={short(prefix)}: not a string")
+    if not prefix:
+        # The bare names are the ones an app's own tables have.
+        raise ConfigurationError(
+            f"{context}table_prefix='': the store's tables would be named "
+            f"{', '.join(_KINDS)}, names an app's own tables may have: keep a prefix "
+            "(the default is fastapi_jobs_)"
+        )
     longest = _LONGEST.format(prefix)
     if not prefix.isprintable() or len(longest.encode("utf-8", "replace")) > _MAX_NAME_BYTES:
         most = _MAX_NAME_BYTES - len(_LONGEST.format(""))
@@ -170,21 +177,48 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
         The four tables, in the order they are created.
 
     Raises:
-        ConfigurationError: ``table_prefix`` is not one the store takes, or the
-            metadata has a table of its own under one of the store's names.
+        ConfigurationError: ``metadata`` is not a ``sqlalchemy.MetaData``,
+            ``table_prefix`` is not one the store takes, or the metadata has a
+            table or an index of its own under one of the store's names.
     """
+    _check_metadata(metadata)
     prefix = check_prefix(table_prefix, context="include_tables(): ")
     names = [f"{prefix}{kind}" for kind in _KINDS]
     present = [metadata.tables[name] for name in names if name in metadata.tables]
-    theirs = [table.name for table in present if _MADE.get(table) != prefix]
+    theirs = [
+        f"a table of its own named {table.name!r}"
+        for table in present
+        if _MADE.get(table) != prefix
+    ]
+    index = _LONGEST.format(prefix)
+    theirs += [
+        f"an index of its own named {index!r} (on {table.name!r})"
+        for table in metadata.tables.values()
+        if table not in _MADE
+        for item in table.indexes
+        if item.name == index
+    ]
     if theirs:
         raise ConfigurationError(
-            f"include_tables(): the metadata has a table of its own named {theirs[0]!r}: "
+            f"include_tables(): the metadata has {theirs[0]}: "
             f"give the store another table_prefix= (the same in SQLAlchemyStore(...))"
         )
     if len(present) == len(names):
         return present  # included before: the same tables
     return list(tables(prefix, metadata)[1:])
+
+
+def _check_metadata(metadata: object) -> None:
+    if not isinstance(metadata, sa.MetaData):
+        # The declarative base itself is the likely mistake: it has the metadata.
+        hint = (
+            "pass its .metadata"
+            if isinstance(getattr(metadata, "metadata", None), sa.MetaData)
+            else "e.g. Base.metadata"
+        )
+        raise ConfigurationError(
+            f"include_tables(): it takes a sqlalchemy.MetaData ({hint}), not {short(metadata)}"
+        )
 
 
 def ddl(dialect: str, table_prefix: str) -> str:
