@@ -35,6 +35,19 @@ FRAGMENTS: dict[str, str] = {
 }
 
 
+def ddl_sent(on_statement: Callable[[Callable[..., None]], None], kinds: str) -> list[str]:
+    """The statements of these kinds (``CREATE|ALTER``) any engine sends from now on."""
+    sent: list[str] = []
+    pattern = re.compile(rf"\s*({kinds})\b", re.IGNORECASE)
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if pattern.match(statement):
+            sent.append(statement)
+
+    on_statement(seen)
+    return sent
+
+
 def fragment(starting: str) -> str:
     """The page's block whose first line starts with ``# fragment: <starting>``."""
     [code] = [
@@ -149,14 +162,7 @@ async def test_alembic_makes_the_tables_and_the_store_claims_on_them(
     try:
         assert await differences(engine, models().Base.metadata) == []
 
-        ddl: list[str] = []
-        on_statement(
-            lambda conn, cursor, statement, *rest: (
-                ddl.append(statement)
-                if re.match(r"\s*(CREATE|ALTER|DROP)\b", statement, re.IGNORECASE)
-                else None
-            )
-        )
+        ddl = ddl_sent(on_statement, "CREATE|ALTER|DROP")
         namespace: dict[str, Any] = {"SQLAlchemyStore": SQLAlchemyStore}
         exec(fragment("the store of an app whose migrations"), namespace)
         scheduler = Scheduler(store=namespace["store"])
@@ -308,14 +314,7 @@ async def test_without_create_tables_a_dropped_table_is_never_made_again(
             await release1(store, "digest", 1, "ok", None, 0.1)
             async with engine.begin() as conn:
                 await conn.execute(sa.text("DROP TABLE fastapi_jobs_claims"))
-            ddl: list[str] = []
-            on_statement(
-                lambda conn, cursor, statement, *rest: (
-                    ddl.append(statement)
-                    if re.match(r"\s*(CREATE|ALTER)\b", statement, re.IGNORECASE)
-                    else None
-                )
-            )
+            ddl = ddl_sent(on_statement, "CREATE|ALTER")
             errors: list[BaseException] = []
             for tick in (11.0, 12.0, 13.0):
                 try:
