@@ -4,11 +4,12 @@ on their own clocks)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,6 +27,7 @@ from fastapi_jobs import ConfigurationError, JobContext, Scheduler
 from fastapi_jobs.queues import Handoff, handoff_key
 from fastapi_jobs.queues.arq import ArqTask
 
+from .conftest import serve
 from .support.cluster import ROOT
 from .support.instances import engine_for, instance
 from .support.redis import RedisServer
@@ -45,30 +47,44 @@ class Worker:
         return [json.loads(entry) for entry in raw]
 
 
-@pytest.fixture
-def worker(redis: RedisServer) -> Iterator[Worker]:
-    """A real arq worker (``python -m arq``) on a queue of the test's own."""
-    queue = f"fj-test:{uuid.uuid4().hex[:8]}"
-    log = Path(tempfile.mkstemp(prefix="arq_worker_", suffix=".log")[1])
+def start_worker(settings: str, cwd: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """``python -m arq <settings>`` in ``cwd``, its output in ``log``."""
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "arq", "tests.apps.arq_worker.WorkerSettings"],
-            cwd=ROOT,
-            env={**os.environ, "FJ_REDIS_SOCKET": str(redis.socket), "FJ_QUEUE": queue},
+        return subprocess.Popen(
+            [sys.executable, "-m", "arq", settings],
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def worker(redis: RedisServer, tmp_path: Path) -> Iterator[Worker]:
+    """A real arq worker (``python -m arq``) on a queue of the test's own."""
+    queue = f"fj-test:{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "arq_worker.log"
+    proc = start_worker(
+        "tests.apps.arq_worker.WorkerSettings",
+        ROOT,
+        log,
+        FJ_REDIS_SOCKET=str(redis.socket),
+        FJ_QUEUE=queue,
+    )
     try:
         yield Worker(queue, proc, log)
     finally:
         redis.thaw()  # a test that froze Redis and failed must not leave the worker stuck
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink(missing_ok=True)
+        stop(proc)
 
 
 @asynccontextmanager
@@ -327,3 +343,52 @@ def test_enqueue_must_be_a_handoff() -> None:
     with pytest.raises(ConfigurationError, match="pass a hand-off such as"):
         Scheduler().every(hours=1, name="d", enqueue="send_digest")(lambda: None)  # type: ignore[arg-type]
     assert isinstance(Kept(), Handoff)
+
+
+def _page_fragment(first_line_start: str) -> str:
+    """The Python block of docs/queues.md whose first line starts so."""
+    text = (ROOT / "docs" / "queues.md").read_text()
+    found: list[str] = [
+        code
+        for code in re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+        if code.startswith(first_line_start)
+    ]
+    assert len(found) == 1, first_line_start
+    return found[0]
+
+
+async def test_the_docs_example_hands_a_tick_to_its_worker(
+    redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page's app and worker, as written: a run of the app's job reaches the
+    page's worker, which gets the tick's key as its job id and the job's kwargs."""
+    (tmp_path / "app.py").write_text(_page_fragment("# fragment: app.py"))
+    (tmp_path / "worker.py").write_text(_page_fragment("# fragment: worker.py"))
+    monkeypatch.setenv("REDIS_URL", f"unix://{redis.socket}")
+    monkeypatch.setenv("DATABASE_URL", f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}")
+    # The page's worker serves arq's default queue: a queue of this test's own.
+    await _clear_default_queue(redis)
+    log = tmp_path / "worker.log"
+    proc = start_worker("worker.WorkerSettings", tmp_path, log)
+    try:
+        spec = importlib.util.spec_from_file_location("fj_docs_queues_app", tmp_path / "app.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        async with serve(module.app):
+            scheduler: Scheduler = module.scheduler
+            assert scheduler.job_status("digest").hand_off == "arq task send_digest"
+            run = await scheduler.trigger("digest")
+            result = await run.wait()
+            assert result.outcome == "ok"
+        key = handoff_key("digest", run.tick)
+        line = f"{key}: digest for all at {run.tick.isoformat()}"
+        await poll(lambda: line in log.read_text(), within=30)
+    finally:
+        stop(proc)
+    assert log.read_text().count(line) == 1
+
+
+async def _clear_default_queue(redis: RedisServer) -> None:
+    async with arq_pool(redis) as pool:
+        await pool.delete("arq:queue")
