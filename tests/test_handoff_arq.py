@@ -380,7 +380,7 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
             assert scheduler.job_status("digest").hand_off == "arq task send_digest"
             run = await scheduler.trigger("digest")
             result = await run.wait()
-            assert result.outcome == "ok"
+            assert result is not None and result.outcome == "ok"
         key = handoff_key("digest", run.tick)
         line = f"{key}: digest for all at {run.tick.isoformat()}"
         await poll(lambda: line in log.read_text(), within=30)
