@@ -9,6 +9,7 @@ ordinary jobs pay nothing for hand-offs existing.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -64,6 +65,12 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
     JSON-able values keyed by name, or None for none."""
     if kwargs is None:
         return {}
+    if inspect.iscoroutine(kwargs):
+        kwargs.close()  # never awaited: no warning about it
+        raise TypeError(
+            f"hand-off job {name!r} is a sync function that returned a coroutine, which "
+            "was not awaited: declare the job `async def`"
+        )
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise TypeError(
             f"hand-off job {name!r} returned {short(kwargs)}: return the queue task's "

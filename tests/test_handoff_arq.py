@@ -392,3 +392,18 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
 async def _clear_default_queue(redis: RedisServer) -> None:
     async with arq_pool(redis) as pool:
         await pool.delete("arq:queue")
+
+
+async def test_a_sync_hand_off_job_that_returns_a_coroutine_is_told_to_be_async() -> None:
+    """A sync function returning a coroutine fails the run, says to declare it
+    `async def`, and leaves no coroutine un-awaited behind."""
+
+    async def kwargs() -> dict[str, object]:
+        return {}
+
+    kept = Kept()
+    scheduler = Scheduler()
+    scheduler.every(hours=1, name="digest", enqueue=kept)(lambda: kwargs())
+    result = await scheduler.run_now("digest")
+    assert result.outcome == "failed" and "declare the job `async def`" in str(result.error)
+    assert kept.calls == []

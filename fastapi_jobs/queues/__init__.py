@@ -21,13 +21,16 @@ __all__ = ["Handoff", "handoff_key"]
 class Handoff(Protocol):
     """Where a hand-off job's ticks go: one queue task.
 
-    Example (arq)::
+    Example (arq; the app's lifespan yields ``{"arq": pool}``):
 
-        from fastapi_jobs.queues.arq import ArqTask
+    ```python
+    # fragment: a hand-off job (docs/queues.md has the whole app)
+    from fastapi_jobs.queues.arq import ArqTask
 
-        @scheduler.every(hours=1, enqueue=ArqTask("send_digest", pool=lambda s: s["arq"]))
-        def digest() -> dict[str, object]:
-            return {"audience": "all"}
+    @scheduler.every(hours=1, enqueue=ArqTask("send_digest", pool=lambda s: s["arq"]))
+    def digest() -> dict[str, object]:
+        return {"audience": "all"}
+    ```
     """
 
     name: str
