@@ -15,7 +15,9 @@ from typing import Any, TypedDict
 from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
+from ._handing_off import handing_off
 from ._schedules import Schedule
+from .queues import Handoff
 
 __all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
 
@@ -44,6 +46,10 @@ class JobOptions(TypedDict, total=False):
     """Whether a run that timed out is retried like a failed one; default True."""
     paused: bool
     """Declared paused: it runs once an operator resumes it; default False."""
+    enqueue: Handoff | None
+    """Hand each tick to a task queue (`fastapi_jobs.queues`): the function
+    returns the task's keyword arguments and the run enqueues it under the key
+    ``"<job>@<tick>"``; default: the function is the work."""
 
 
 _BUILT = object()  # Job.build's token
@@ -61,6 +67,7 @@ DEFAULTS = JobOptions(
     retry_backoff=1.0,
     retry_timeouts=True,
     paused=False,
+    enqueue=None,
 )
 """Each option's default, once (the signatures take ``**options``)."""
 
@@ -103,6 +110,9 @@ class Job:
     """Whether a run that timed out is retried like a failed one."""
     paused: bool = False
     """Declared paused: the job waits for an operator's resume."""
+    enqueue: Handoff | None = None
+    """A hand-off job's queue: ``func`` is then the function wrapped, and
+    enqueues the task it returns."""
     built: InitVar[object] = None
     """Only `build` passes its token: a Job is never made unchecked."""
 
@@ -132,13 +142,24 @@ class Job:
         name = _checked(func, schedule, o["name"])
         said = f"job {name!r}: "
         is_async = _is_async_job(name, func)
+        takes_context = _takes_context(name, func)
+        handoff = o["enqueue"]
+        if handoff is not None:
+            func = handing_off(
+                name,
+                func,
+                _handoff(name, handoff),
+                is_async=is_async,
+                takes_context=takes_context,
+            )
+            is_async = takes_context = True
         return cls(
             name=name,
             func=func,
             schedule=schedule,
             timeout=_seconds(name, "timeout", o["timeout"]),
             run_on_startup=flag("run_on_startup", o["run_on_startup"], context=said),
-            takes_context=_takes_context(name, func),
+            takes_context=takes_context,
             is_async=is_async,
             every_instance=flag("every_instance", o["every_instance"], context=said),
             catch_up=_seconds(name, "catch_up", o["catch_up"]),
@@ -152,6 +173,7 @@ class Job:
             ),
             retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
             paused=flag("paused", o["paused"], context=said),
+            enqueue=handoff,
             built=_BUILT,
         )
 
@@ -187,6 +209,16 @@ def _is_async_job(name: str, func: object) -> bool:
             "the job)"
         )
     return is_async
+
+
+def _handoff(name: str, handoff: object) -> Handoff:
+    if not isinstance(handoff, Handoff) or not isinstance(getattr(handoff, "name", None), str):
+        raise ConfigurationError(
+            f"job {name!r}: enqueue={short(handoff)}: pass a hand-off such as "
+            "fastapi_jobs.queues.arq.ArqTask('task_name', pool=...) (an object with a "
+            "name and an async enqueue(key, tick, kwargs, state))"
+        )
+    return handoff
 
 
 MAX_RETRIES = 100

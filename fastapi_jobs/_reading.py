@@ -102,6 +102,7 @@ class Reader:
 
     def snapshot(self, runner: JobRunner) -> JobStatus:
         parts = self._parts
+        handoff = runner.job.enqueue
         return runner.stats.snapshot(
             runner.job.name,
             parts.instance.id,
@@ -110,4 +111,5 @@ class Reader:
             running=runner.busy,
             paused_until=runner.job.declared_pause if runner.pause_unknown else runner.paused_until,
             now=parts.ticking.now(),
+            hand_off=None if handoff is None else handoff.name,
         )

@@ -175,6 +175,10 @@ class Scheduler:
         never past the job's next tick; a timed-out run counts as failed unless
         ``retry_timeouts=False``. ``paused=True`` declares the job paused: it
         runs only once an operator resumes it (`resume`).
+
+        ``enqueue=`` (a `fastapi_jobs.queues.Handoff`, e.g. ``ArqTask``) makes a
+        hand-off job: ``func`` returns the queue task's keyword arguments, and
+        each run enqueues the task under the key ``"<job>@<tick>"``.
         """
         return add_job(self._parts, func, schedule, options, running=self._running)
 

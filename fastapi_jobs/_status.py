@@ -224,6 +224,11 @@ class JobStatus(BaseModel):
         default=None, description="When a pause with an end ends; null: until resumed."
     )
     retries: int = Field(default=0, description="Retries run in this process.")
+    hand_off: str | None = Field(
+        default=None,
+        description="A hand-off job's queue (e.g. `arq task send_digest`): each run "
+        "enqueues a task there; null: the job runs its work itself.",
+    )
     cluster: ClusterJobStatus | None = Field(
         default=None,
         description="With a store: the last run of this job across all instances.",
@@ -329,6 +334,7 @@ class JobStats:
         running: bool,
         paused_until: float,
         now: float,
+        hand_off: str | None = None,
     ) -> JobStatus:
         error = self.last_error
         return JobStatus(
@@ -350,4 +356,5 @@ class JobStats:
             paused=paused_until > now,
             paused_until=pause_end(paused_until, now),
             retries=self.retries,
+            hand_off=hand_off,
         )

@@ -26,6 +26,7 @@ from fastapi_jobs.testing import LoopClock
 
 from .support.cluster import App
 from .support.postgres import PostgresServer
+from .support.redis import RedisServer
 
 # pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
 # none set, asyncio makes one that nobody closes, and its garbage collection
@@ -48,6 +49,7 @@ MARKED_BY = {
     "postgres": "postgres",  # a real PostgreSQL server
     "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
     "browser": "browser",  # headless Chromium (tests/test_page_browser.py)
+    "redis": "redis",  # a real Redis server (tests/support/redis.py)
 }
 
 
@@ -104,6 +106,23 @@ def postgres() -> Iterator[PostgresServer]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the PostgreSQL tests, but no server could start: {exc}")
         pytest.skip(f"no PostgreSQL server could be started here: {exc}")
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def redis() -> Iterator[RedisServer]:
+    """A real Redis server for the session (a pytest worker's). Skips locally
+    where none can be started; in CI (CI=true) that is a failure, never a skip."""
+    try:
+        server = RedisServer()
+        server.start()
+    except Exception as exc:  # noqa: BLE001 - reported as the skip/failure reason
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Redis tests, but no server could start: {exc}")
+        pytest.skip(f"no Redis server could be started here: {exc}")
     try:
         yield server
     finally:

@@ -264,6 +264,7 @@ def _callable(dotted: str) -> Callable[..., object]:
     """What a name in the API table calls: ``scheduler.x`` (and the bare methods
     written after it, ``pause``) are the Scheduler's, the rest by its full name."""
     import fastapi_jobs.metrics
+    import fastapi_jobs.queues.arq
     import fastapi_jobs.stores
     import fastapi_jobs.tracing
 

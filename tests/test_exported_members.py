@@ -44,7 +44,7 @@ def test_exported_members() -> None:
     }
     public = {name for name in vars(fastapi_jobs) if not name.startswith("_")}
     # Public submodules show as attributes once imported (by another test).
-    submodules = {"stores", "metrics", "tracing", "observers", "testing"}
+    submodules = {"stores", "metrics", "tracing", "observers", "testing", "queues"}
     assert public - submodules == set(fastapi_jobs.__all__)
     for name in fastapi_jobs.__all__:
         if name == "Outcome":  # a Literal alias: it has no module of its own
@@ -64,6 +64,8 @@ def test_exported_members() -> None:
             ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"],
         ),
         ("fastapi_jobs.testing", ["LoopClock"]),
+        ("fastapi_jobs.queues", ["Handoff", "handoff_key"]),
+        ("fastapi_jobs.queues.arq", ["ArqTask"]),
     ],
 )
 def test_each_public_module_exports_its_own(module: str, names: list[str]) -> None:
@@ -104,6 +106,7 @@ def test_the_operators_modules_are_optional_and_imported_only_when_used() -> Non
         "import sys, fastapi_jobs, fastapi_jobs.stores\n"
         "assert 'prometheus_client' not in sys.modules\n"
         "assert not any(m.startswith('opentelemetry') for m in sys.modules)\n"
+        "assert 'arq' not in sys.modules and 'redis' not in sys.modules\n"
         "import fastapi_jobs.metrics, fastapi_jobs.tracing\n"
         "assert fastapi_jobs.metrics.__all__ == ['DURATION_BUCKETS', 'LATENESS_BUCKETS', "
         "'Metrics', 'instrument']\n"

@@ -33,6 +33,7 @@ FIELDS = {
     "paused",
     "paused_until",
     "retries",
+    "hand_off",
     "cluster",
 }
 
@@ -73,6 +74,7 @@ async def test_list_jobs_returns_every_field_of_every_job() -> None:
     assert failed["failures"] == 1
     assert failed["last_duration_s"] == 0
     assert failed["skipped_ticks"] == 0 and failed["skipped"] == {}
+    assert failed["hand_off"] is None  # it runs its work itself
     assert failed["schedule"].startswith("cron '30 * * * *' UTC")
 
 
