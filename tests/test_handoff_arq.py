@@ -407,3 +407,21 @@ async def test_a_sync_hand_off_job_that_returns_a_coroutine_is_told_to_be_async(
     result = await scheduler.run_now("digest")
     assert result.outcome == "failed" and "declare the job `async def`" in str(result.error)
     assert kept.calls == []
+
+
+@pytest.mark.parametrize("option", ["_job_id", "_defer_by", "_expires"])
+async def test_kwargs_named_like_arqs_own_options_fail_the_run(
+    option: str, redis: RedisServer
+) -> None:
+    """arq reads `_job_id`, `_defer_by`, `_expires`, … as options of the enqueue,
+    not as the task's arguments: a job returning one (a `_job_id` would replace the
+    tick's key, a `_defer_by` delay the task) fails, says so, and enqueues nothing."""
+    await _clear_default_queue(redis)
+    async with arq_pool(redis) as pool:
+        scheduler = Scheduler()
+        task = ArqTask("record", pool=pool)
+        scheduler.every(hours=1, name="digest", enqueue=task)(lambda: {option: "x", "n": 1})
+        result = await scheduler.run_now("digest")
+        assert result.outcome == "failed", result
+        assert f"{option} are arq's own options" in str(result.error)
+        assert await pool.queued_jobs() == []

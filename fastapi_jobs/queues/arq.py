@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
+import inspect
 from typing import Any
 
 import anyio
@@ -28,6 +29,15 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
     ) from exc
 
 __all__ = ["ArqTask"]
+
+_ARQS_OWN = frozenset(
+    name
+    for name, parameter in inspect.signature(ArqRedis.enqueue_job).parameters.items()
+    if parameter.kind is parameter.KEYWORD_ONLY
+)
+"""``enqueue_job``'s own options (``_job_id``, ``_defer_by``, ``_expires``, …): a
+job's kwarg of that name would be read by arq as the option, not passed to the
+task (a ``_job_id`` of the job's would replace the tick's key)."""
 
 
 class ArqTask:
@@ -82,6 +92,12 @@ class ArqTask:
     ) -> str:
         """Enqueue the task as arq job ``key``: its id, also when arq already
         had it (a duplicate refused is a tick in the queue)."""
+        taken = sorted(_ARQS_OWN.intersection(kwargs))
+        if taken:
+            raise TypeError(
+                f"the task's keyword argument(s) {', '.join(taken)} are arq's own options of "
+                f"enqueue_job, not the task's: rename them (the tick's key is the job id)"
+            )
         pool = self._pool if isinstance(self._pool, ArqRedis) else self._pool(state)
         with anyio.move_on_after(self.timeout) as scope:
             await pool.enqueue_job(
