@@ -10,9 +10,9 @@ enqueue here is bounded (``timeout``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from datetime import datetime
-import inspect
 from typing import Any
 
 import anyio
