@@ -77,7 +77,10 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
             "keyword arguments as a dict keyed by name (or None for none)"
         )
     try:
-        json.dumps(kwargs)
+        # Strict JSON (no NaN): what every queue can carry, whatever it serialises with.
+        json.dumps(kwargs, allow_nan=False)
+    except RecursionError:
+        raise TypeError(f"hand-off job {name!r} returned kwargs nested too deep for JSON") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"hand-off job {name!r} returned kwargs that are not JSON-able ({exc}): return "

@@ -4,13 +4,16 @@ on their own clocks)."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -232,6 +235,13 @@ async def test_a_frozen_redis_fails_the_runs_and_nothing_runs_twice(
                 ),
                 within=30,
             )
+        # Each enqueue cut on the frozen Redis left redis-py's pipeline holding its
+        # connection (its cleanup needs Redis to answer, and was cut too): Python
+        # closes them when it collects them, with a ResourceWarning, as
+        # docs/queues.md says. Collected here, so that no later test gets the warning.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
         runs = await _store_runs(engine, "digest")
         ok = [r for r in runs if r["outcome"] == "ok"]
         await poll(lambda: _count(worker, pool, len(ok)), within=30)
@@ -308,6 +318,7 @@ class Kept:
     ("returned", "message"),
     [
         (["a"], "return the queue task's keyword arguments as a dict"),
+        ({"x": float("nan")}, "not JSON-able"),  # arq would pickle it; another queue not
         ({1: "a"}, "return the queue task's keyword arguments as a dict"),
         ({"when": datetime(2026, 1, 1, tzinfo=UTC)}, "not JSON-able"),
     ],
@@ -409,13 +420,15 @@ async def test_a_sync_hand_off_job_that_returns_a_coroutine_is_told_to_be_async(
     assert kept.calls == []
 
 
-@pytest.mark.parametrize("option", ["_job_id", "_defer_by", "_expires"])
+@pytest.mark.parametrize("option", ["_job_id", "_defer_by", "_expires", "function", "ctx"])
 async def test_kwargs_named_like_arqs_own_options_fail_the_run(
     option: str, redis: RedisServer
 ) -> None:
-    """arq reads `_job_id`, `_defer_by`, `_expires`, … as options of the enqueue,
-    not as the task's arguments: a job returning one (a `_job_id` would replace the
-    tick's key, a `_defer_by` delay the task) fails, says so, and enqueues nothing."""
+    """arq reads `_job_id`, `_defer_by`, `_expires`, `function`, … as its own
+    parameters of the enqueue, not as the task's arguments (a `_job_id` would replace
+    the tick's key, a `_defer_by` delay the task), and passes every task a `ctx`
+    first (a `ctx` kwarg failed in the worker on every run, while the run said ok):
+    a job returning one fails, says so, and enqueues nothing."""
     await _clear_default_queue(redis)
     async with arq_pool(redis) as pool:
         scheduler = Scheduler()
@@ -423,5 +436,41 @@ async def test_kwargs_named_like_arqs_own_options_fail_the_run(
         scheduler.every(hours=1, name="digest", enqueue=task)(lambda: {option: "x", "n": 1})
         result = await scheduler.run_now("digest")
         assert result.outcome == "failed", result
-        assert f"{option} are arq's own options" in str(result.error)
+        assert f"{option} are arq's own" in str(result.error)
         assert await pool.queued_jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"pool": "redis://user:s3cr3t@redis.example:6379/0"}, "pool=<str>"),
+        ({"pool": ArqRedis}, "pool=<the class ArqRedis>"),  # callable, but not a pool
+        ({"pool": lambda state: None, "timeout": math.inf}, "a finite number of seconds"),
+        ({"pool": lambda state: None, "timeout": True}, "a finite number of seconds"),
+        ({"pool": lambda state: None, "queue_name": ""}, "the name of a queue a worker reads"),
+    ],
+)
+def test_an_arq_task_that_cannot_work_is_refused_when_declared(
+    options: dict[str, Any], said: str
+) -> None:
+    """Refused with what to pass, never echoing a pool's value (a DSN holds the
+    password), and never an enqueue that may wait forever."""
+    with pytest.raises(ConfigurationError) as refused:
+        ArqTask("send_digest", **options)
+    assert said in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+async def test_a_pool_function_that_returns_no_pool_fails_the_run_saying_so() -> None:
+    """`pool=` a function that returns no ArqRedis (None, the state, an async
+    function's coroutine): the run fails saying what pool= must return."""
+
+    async def made_async(state: Mapping[str, Any]) -> ArqRedis:
+        raise AssertionError("never awaited")
+
+    for pool in (lambda state: None, lambda state: state, made_async):
+        scheduler = Scheduler()
+        task = ArqTask("record", pool=pool)  # type: ignore[arg-type]
+        scheduler.every(hours=1, name="digest", enqueue=task)(lambda: None)
+        result = await scheduler.run_now("digest")
+        assert result.outcome == "failed"
+        assert "pool= returned <a " in str(result.error) and "not an ArqRedis" in str(result.error)

@@ -11,6 +11,7 @@ enqueue here is bounded (``timeout``).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -33,11 +34,13 @@ __all__ = ["ArqTask"]
 _ARQS_OWN = frozenset(
     name
     for name, parameter in inspect.signature(ArqRedis.enqueue_job).parameters.items()
-    if parameter.kind is parameter.KEYWORD_ONLY
-)
-"""``enqueue_job``'s own options (``_job_id``, ``_defer_by``, ``_expires``, …): a
-job's kwarg of that name would be read by arq as the option, not passed to the
-task (a ``_job_id`` of the job's would replace the tick's key)."""
+    if parameter.kind is not parameter.VAR_KEYWORD
+    and parameter.kind is not parameter.VAR_POSITIONAL
+) | {"ctx"}
+"""Names a task's keyword argument cannot have: ``enqueue_job``'s own parameters
+(``function``, ``_job_id``, ``_defer_by``, ``_expires``, …), which arq would read
+as its options rather than pass on (a ``_job_id`` of the job's would replace the
+tick's key), and ``ctx``, what arq passes every task first."""
 
 
 class ArqTask:
@@ -68,15 +71,27 @@ class ArqTask:
                 f"ArqTask({short(function)}): pass the arq task's name as a string, "
                 "as the worker's WorkerSettings.functions register it"
             )
-        if not isinstance(pool, ArqRedis) and not callable(pool):
+        if not isinstance(pool, ArqRedis) and (not callable(pool) or isinstance(pool, type)):
+            # Its type only: a DSN or settings object passed here holds the password.
+            what = f"the class {pool.__name__}" if isinstance(pool, type) else type(pool).__name__
             raise ConfigurationError(
-                f"ArqTask({function!r}, pool={short(pool)}): pass an ArqRedis "
-                "(await arq.create_pool(...)) or a function of the lifespan's state that "
-                'returns one, e.g. pool=lambda state: state["arq"]'
+                f"ArqTask({function!r}, pool=<{what}>): pass an ArqRedis "
+                "(await arq.create_pool(...)) or a plain function of the lifespan's state "
+                'that returns one, e.g. pool=lambda state: state["arq"]'
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf
+        ):
             raise ConfigurationError(
-                f"ArqTask({function!r}, timeout={short(timeout)}): pass a number of seconds > 0"
+                f"ArqTask({function!r}, timeout={short(timeout)}): pass a finite number of "
+                "seconds > 0 (arq waits forever on a Redis that stopped answering)"
+            )
+        if queue_name is not None and (not isinstance(queue_name, str) or not queue_name):
+            raise ConfigurationError(
+                f"ArqTask({function!r}, queue_name={short(queue_name)}): pass the name of a "
+                "queue a worker reads (WorkerSettings.queue_name), or None for arq's default"
             )
         self.function = function
         self.name = f"arq task {function}"
@@ -95,10 +110,19 @@ class ArqTask:
         taken = sorted(_ARQS_OWN.intersection(kwargs))
         if taken:
             raise TypeError(
-                f"the task's keyword argument(s) {', '.join(taken)} are arq's own options of "
-                f"enqueue_job, not the task's: rename them (the tick's key is the job id)"
+                f"the task's keyword argument(s) {', '.join(taken)} are arq's own (options "
+                "of enqueue_job, or the ctx it passes every task): rename them (the tick's "
+                "key is the job id)"
             )
         pool = self._pool if isinstance(self._pool, ArqRedis) else self._pool(state)
+        if not isinstance(pool, ArqRedis):
+            if inspect.iscoroutine(pool):
+                pool.close()  # an async pool function's: never awaited, and no warning for it
+            raise TypeError(
+                f"ArqTask({self.function!r}): pool= returned <a {type(pool).__name__}>, not "
+                "an ArqRedis: make it a plain (not async) function of the lifespan's state "
+                "that returns the app's pool"
+            )
         with anyio.move_on_after(self.timeout) as scope:
             await pool.enqueue_job(
                 self.function, _job_id=key, _queue_name=self.queue_name, **kwargs
