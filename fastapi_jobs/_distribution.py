@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["NAME", "described", "install_hint"]
+__all__ = ["NAME", "described", "install_hint", "missing_extra"]
 
 NAME = "fastapi-scheduled-jobs"
 
@@ -19,6 +19,15 @@ def install_hint(extra: str) -> str:
     """How to install one of this distribution's extras, by name or from a clone."""
     return (
         f"pip install '{NAME}[{extra}]' (from a clone of its repository: pip install '.[{extra}]')"
+    )
+
+
+def missing_extra(module: str, needs: str, extra: str, package: str) -> ImportError:
+    """What importing ``module`` raises when its extra's library (``needs``, from
+    the PyPI ``package``) is not installed."""
+    return ImportError(
+        f"{module} needs {needs}: install {NAME} with its extra [{extra}], "
+        f"{install_hint(extra)}, or {package} yourself"
     )
 
 

@@ -62,15 +62,14 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from ._distribution import NAME, install_hint
+from ._distribution import missing_extra
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, values
     from prometheus_client.core import Metric
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"fastapi_jobs.metrics needs prometheus_client: install {NAME} with its extra "
-        f"[prometheus], {install_hint('prometheus')}, or prometheus_client yourself"
+    raise missing_extra(
+        "fastapi_jobs.metrics", "prometheus_client", "prometheus", "prometheus_client"
     ) from exc
 
 from ._errors import ConfigurationError, short

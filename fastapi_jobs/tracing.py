@@ -22,15 +22,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from ._distribution import NAME, install_hint
+from ._distribution import NAME, missing_extra
 
 try:
     from opentelemetry import context, metrics, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"fastapi_jobs.tracing needs the OpenTelemetry API: install {NAME} with its extra "
-        f"[otel], {install_hint('otel')}, or opentelemetry-api yourself"
+    raise missing_extra(
+        "fastapi_jobs.tracing", "the OpenTelemetry API", "otel", "opentelemetry-api"
     ) from exc
 
 from ._errors import ConfigurationError, short

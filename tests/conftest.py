@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -95,38 +95,36 @@ async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """A real PostgreSQL server for the session. Skips locally where none can be
-    started; in CI (CI=true) that is a failure, never a skip."""
+Server = TypeVar("Server", PostgresServer, RedisServer)
+
+
+def _serving(make: Callable[[], Server], what: str) -> Iterator[Server]:
+    """A server made and started for the session (a pytest worker's), destroyed
+    after. Skips locally where none can start (not even be made: no binaries); in
+    CI (CI=true) that is a failure, never a skip."""
     try:
-        server = PostgresServer()
+        server = make()
         server.start()
     except Exception as exc:  # noqa: BLE001 - reported as the skip/failure reason
         if os.environ.get("CI"):
-            pytest.fail(f"CI must run the PostgreSQL tests, but no server could start: {exc}")
-        pytest.skip(f"no PostgreSQL server could be started here: {exc}")
+            pytest.fail(f"CI must run the {what} tests, but no server could start: {exc}")
+        pytest.skip(f"no {what} server could be started here: {exc}")
     try:
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session."""
+    yield from _serving(PostgresServer, "PostgreSQL")
 
 
 @pytest.fixture(scope="session")
 def redis() -> Iterator[RedisServer]:
-    """A real Redis server for the session (a pytest worker's). Skips locally
-    where none can be started; in CI (CI=true) that is a failure, never a skip."""
-    try:
-        server = RedisServer()
-        server.start()
-    except Exception as exc:  # noqa: BLE001 - reported as the skip/failure reason
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Redis tests, but no server could start: {exc}")
-        pytest.skip(f"no Redis server could be started here: {exc}")
-    try:
-        yield server
-    finally:
-        server.destroy()
+    """A real Redis server for the session."""
+    yield from _serving(RedisServer, "Redis")
 
 
 @pytest.fixture

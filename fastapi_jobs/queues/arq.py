@@ -18,16 +18,13 @@ from typing import Any
 
 import anyio
 
-from .._distribution import NAME, install_hint
+from .._distribution import missing_extra
 from .._errors import ConfigurationError, short
 
 try:
     from arq.connections import ArqRedis
 except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"fastapi_jobs.queues.arq needs arq: install {NAME} with its extra [arq], "
-        f"{install_hint('arq')}, or arq yourself"
-    ) from exc
+    raise missing_extra("fastapi_jobs.queues.arq", "arq", "arq", "arq") from exc
 
 __all__ = ["ArqTask"]
 
