@@ -143,7 +143,19 @@ def test_two_triggers_on_two_instances_give_one_run_and_one_409(
 
 
 def test_a_trigger_during_a_scheduled_run_is_409(cluster_url: str, apps: list[App]) -> None:
-    apps += start(cluster_url, 2, JOBS=1, INTERVAL=2, RUN_SECONDS=1.5, TIMEOUT=1)
+    # The scheduled run is the startup tick's, and lasts 30 s: the triggers reach
+    # both instances while it goes however slow the machine (a run of 1.5 s every
+    # 2 s could end, under load, before the second trigger arrived).
+    apps += start(
+        cluster_url,
+        2,
+        JOBS=1,
+        INTERVAL=RARE,
+        RUN_ON_STARTUP=1,
+        RUN_SECONDS=30,
+        TIMEOUT=1,
+        SHUTDOWN_TIMEOUT=1,
+    )
 
     def running() -> bool:
         return any(f is None for (f,) in rows(cluster_url, "SELECT finished FROM runs"))
