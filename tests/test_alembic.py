@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
@@ -380,18 +379,3 @@ async def test_with_create_tables_a_missing_column_is_added(database_url: str) -
             ]
     finally:
         await engine.dispose()
-
-
-def test_without_sqlalchemy_include_tables_says_which_extra_to_install() -> None:
-    """`from fastapi_jobs.stores import include_tables` without SQLAlchemy names
-    the extra it needs: SQLAlchemy alone, no driver (the store needs one)."""
-    code = (
-        "import sys; sys.modules['sqlalchemy'] = None\n"
-        "try:\n"
-        "    from fastapi_jobs.stores import include_tables\n"
-        "except ModuleNotFoundError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.startswith("include_tables needs SQLAlchemy (no driver)")
-    assert "pip install 'fastapi-scheduled-jobs[sqlalchemy]'" in out.stdout

@@ -53,21 +53,50 @@ def test_the_distribution_is_named_once_and_its_version_read_from_it() -> None:
 
 
 @pytest.mark.parametrize(
-    ("blocked", "statement", "extra"),
+    ("blocked", "statement", "extra", "said"),
     [
-        ("sqlalchemy", "from fastapi_jobs.stores import SQLAlchemyStore", "sqlite"),
-        ("prometheus_client", "import fastapi_jobs.metrics", "prometheus"),
-        ("opentelemetry", "import fastapi_jobs.tracing", "otel"),
+        (
+            "sqlalchemy",
+            "from fastapi_jobs.stores import SQLAlchemyStore",
+            "sqlite",
+            (
+                "SQLAlchemyStore needs SQLAlchemy and a driver",
+                "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg]",
+            ),
+        ),
+        (
+            "sqlalchemy",
+            "from fastapi_jobs.stores import include_tables",
+            "sqlalchemy",
+            ("include_tables needs SQLAlchemy (no driver)",),  # the store needs one
+        ),
+        (
+            "prometheus_client",
+            "import fastapi_jobs.metrics",
+            "prometheus",
+            ("fastapi_jobs.metrics needs prometheus_client",),
+        ),
+        (
+            "opentelemetry",
+            "import fastapi_jobs.tracing",
+            "otel",
+            ("fastapi_jobs.tracing needs the OpenTelemetry API",),
+        ),
+        ("arq", "import fastapi_jobs.queues.arq", "arq", ("fastapi_jobs.queues.arq needs arq",)),
     ],
 )
 def test_a_missing_extra_names_this_distributions_extra(
-    blocked: str, statement: str, extra: str
+    blocked: str, statement: str, extra: str, said: tuple[str, ...]
 ) -> None:
     """Without the extra's library, the import says which extra of *this*
-    distribution to install (`fastapi-jobs` on the index is another project)."""
+    distribution to install (`fastapi-jobs` on the index is another project),
+    and what needs it; the core, the store protocol and the hand-off seam import
+    without any of them."""
     code = (
         f"import sys; sys.modules[{blocked!r}] = None\n"
         "import fastapi_jobs\n"
+        "from fastapi_jobs.stores import Ended, Instance, Store\n"
+        "from fastapi_jobs.queues import Handoff\n"
         "try:\n"
         f"    {statement}\n"
         "except ImportError as exc:\n"
@@ -76,5 +105,8 @@ def test_a_missing_extra_names_this_distributions_extra(
         "    sys.exit('imported')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, *more = said  # what needs what, first; then anything else it must say
+    assert out.stdout.startswith(first), out.stdout
+    assert all(part in out.stdout for part in more), out.stdout
     assert f"pip install 'fastapi-scheduled-jobs[{extra}]'" in out.stdout
     assert f"pip install '.[{extra}]'" in out.stdout  # from a clone, before it is published

@@ -519,25 +519,6 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
         assert await claim1(store, "digest", 100.0) == 1
 
 
-def test_without_sqlalchemy_the_import_says_which_extra_to_install() -> None:
-    """`from fastapi_jobs.stores import SQLAlchemyStore` without SQLAlchemy names
-    the extras to install; the core, and the store protocol, import without it."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; sys.modules['sqlalchemy'] = None\n"
-        "import fastapi_jobs\n"
-        "from fastapi_jobs.stores import Ended, Instance, Store\n"
-        "try:\n"
-        "    from fastapi_jobs.stores import SQLAlchemyStore\n"
-        "except ModuleNotFoundError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg]" in out.stdout
-
-
 @pytest.mark.parametrize(
     "url",
     [
