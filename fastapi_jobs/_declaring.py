@@ -35,7 +35,9 @@ def add_job(
             f"cannot add job {name or getattr(func, '__name__', func)!r}: the "
             "scheduler is already running; declare jobs before the app starts"
         )
-    job = Job.build(func, schedule, options, where=where)
+    # A store may keep an outbox (a record of the ticks handed off to queues).
+    outbox = getattr(parts.store, "outbox", None)
+    job = Job.build(func, schedule, options, where=where, outbox=outbox)
     if job.name in parts.runners:
         raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
     if job.name == "instances":

@@ -18,7 +18,7 @@ import anyio
 
 from ._context import JobContext
 from ._errors import short
-from .queues import Handoff, handoff_key
+from .queues import Handoff, HandoffRequest, Outbox, handoff_key
 
 __all__ = ["handing_off"]
 
@@ -30,10 +30,12 @@ def handing_off(
     *,
     is_async: bool,
     takes_context: bool,
+    outbox: Outbox | None,
 ) -> Callable[[JobContext], Awaitable[None]]:
     """The run of hand-off job ``name``: call ``func`` (in a worker thread if
     sync), then enqueue its keyword arguments with ``handoff`` under the
-    tick's key. What either raises is the run's failure."""
+    tick's key (``outbox``: the scheduler's store's, for the queues that need
+    it). What either raises is the run's failure."""
 
     async def hand_off(ctx: JobContext) -> None:
         args = (ctx,) if takes_context else ()
@@ -45,7 +47,8 @@ def handing_off(
             kwargs = await anyio.to_thread.run_sync(func, *args)
         checked = _kwargs(name, kwargs)
         key = handoff_key(name, ctx.tick)
-        job_id = await handoff.enqueue(key, ctx.tick, checked, ctx.state)
+        request = HandoffRequest(name, ctx.tick, key, checked, ctx.state, outbox)
+        job_id = await handoff.enqueue(request)
         ctx.logger.debug(
             "job %r handed tick %s to %s as %r",
             name,

@@ -17,7 +17,7 @@ from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._handing_off import handing_off
 from ._schedules import Schedule
-from .queues import Handoff
+from .queues import Handoff, Outbox
 
 __all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
 
@@ -131,10 +131,17 @@ class Job:
 
     @classmethod
     def build(
-        cls, func: object, schedule: Schedule, options: JobOptions, *, where: str = "add_job"
+        cls,
+        func: object,
+        schedule: Schedule,
+        options: JobOptions,
+        *,
+        where: str = "add_job",
+        outbox: Outbox | None = None,
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
-        took them) and make the job; `ConfigurationError` says what to fix."""
+        took them) and make the job; `ConfigurationError` says what to fix.
+        ``outbox``: the scheduler's store's, which a hand-off may need."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
@@ -151,6 +158,7 @@ class Job:
                 _handoff(name, handoff),
                 is_async=is_async,
                 takes_context=takes_context,
+                outbox=outbox,
             )
             is_async = takes_context = True
         return cls(
@@ -216,7 +224,7 @@ def _handoff(name: str, handoff: object) -> Handoff:
         raise ConfigurationError(
             f"job {name!r}: enqueue={short(handoff)}: pass a hand-off such as "
             "fastapi_jobs.queues.arq.ArqTask('task_name', pool=...) (an object with a "
-            "name and an async enqueue(key, tick, kwargs, state))"
+            "name and an async enqueue(request))"
         )
     return handoff
 

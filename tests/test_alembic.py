@@ -55,7 +55,9 @@ def fragment(starting: str) -> str:
     return code
 
 
-STORE_TABLES = [f"fastapi_jobs_{kind}" for kind in ("claims", "instances", "pauses", "runs")]
+STORE_TABLES = [
+    f"fastapi_jobs_{kind}" for kind in ("claims", "handoffs", "instances", "pauses", "runs")
+]
 # The app of the page's env.py (`from myapp.models import Base`): its own table and
 # index, and the naming convention Alembic's documentation recommends.
 MODELS = """
@@ -239,7 +241,7 @@ def test_the_store_tables_stay_in_the_default_schema() -> None:
     notes = sa.Table("notes", metadata, sa.Column("id", sa.Integer, primary_key=True))
     added = include_tables(metadata)
     assert notes.schema == "app"
-    assert [(table.schema, table.name) for table in added] == [
+    assert sorted((table.schema, table.name) for table in added) == [
         (None, name) for name in STORE_TABLES
     ]
     assert sorted(metadata.tables) == ["app.notes", *STORE_TABLES]
@@ -251,7 +253,7 @@ def test_including_twice_adds_nothing_and_a_table_of_the_app_is_refused() -> Non
     metadata = sa.MetaData()
     first = include_tables(metadata)
     assert include_tables(metadata) == first
-    assert len(metadata.tables) == 4
+    assert len(metadata.tables) == 5
     with pytest.raises(ConfigurationError, match="prefix"):
         include_tables(metadata, table_prefix="p" * 53)
     theirs = sa.MetaData()
@@ -278,7 +280,7 @@ def test_the_filter_on_the_page_keeps_the_store_tables() -> None:
 
 
 def test_the_ddl_on_the_page_prints_the_store_tables() -> None:
-    """The page's DDL fragment prints the four CREATE TABLEs."""
+    """The page's DDL fragment prints the five CREATE TABLEs."""
     out = io.StringIO()
     with redirect_stdout(out):
         exec(fragment("the DDL"), {})

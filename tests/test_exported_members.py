@@ -64,7 +64,7 @@ def test_exported_members() -> None:
             ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"],
         ),
         ("fastapi_jobs.testing", ["LoopClock"]),
-        ("fastapi_jobs.queues", ["Handoff", "handoff_key"]),
+        ("fastapi_jobs.queues", ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]),
         ("fastapi_jobs.queues.arq", ["ArqTask"]),
     ],
 )

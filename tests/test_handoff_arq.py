@@ -27,7 +27,7 @@ from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 
 from fastapi_jobs import ConfigurationError, JobContext, Scheduler
-from fastapi_jobs.queues import Handoff, handoff_key
+from fastapi_jobs.queues import Handoff, HandoffRequest, handoff_key
 from fastapi_jobs.queues.arq import ArqTask
 
 from .conftest import serve
@@ -261,11 +261,9 @@ class LostAnswer:
     def __init__(self, task: ArqTask) -> None:
         self.task, self.name, self.keys = task, task.name, list[str]()
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
-        self.keys.append(key)
-        job_id = await self.task.enqueue(key, tick, kwargs, state)
+    async def enqueue(self, request: HandoffRequest) -> str:
+        self.keys.append(request.key)
+        job_id = await self.task.enqueue(request)
         if len(self.keys) == 1:
             raise ConnectionError("the answer was lost")
         return job_id
@@ -307,11 +305,9 @@ class Kept:
     def __init__(self) -> None:
         self.calls: list[tuple[str, datetime, Mapping[str, Any]]] = []
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
-        self.calls.append((key, tick, dict(kwargs)))
-        return key
+    async def enqueue(self, request: HandoffRequest) -> str:
+        self.calls.append((request.key, request.tick, dict(request.kwargs)))
+        return request.key
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,79 @@ under the key ``"<job>@<tick>"`` (`handoff_key`). The run is ok once the queue
 has the task, and failed (recorded, retried within the tick with the same key)
 when the enqueue raised. Adapters live in their own modules
 (``fastapi_jobs.queues.arq``), each importing its queue library there only.
+
+A queue that cannot refuse a second task under the same key by itself uses the
+store's `Outbox`: a row per (job, tick) in the app's database, which says
+whether the tick was handed off already.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Handoff", "handoff_key"]
+__all__ = ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """The store's record of the ticks handed off, one row per (job, tick), in
+    the app's own database (``SQLAlchemyStore``'s ``<prefix>handoffs`` table).
+
+    ``once`` is for a queue that lives in the same database (procrastinate):
+    the row and the task commit together. ``sending``/``sent`` are for one that
+    does not (Celery's brokers): the row says whether a send went through.
+    """
+
+    dialect: str
+    """The database's: ``"postgresql"`` or ``"sqlite"``."""
+
+    async def once(
+        self,
+        job: str,
+        tick: datetime,
+        queue: str,
+        enqueue: Callable[[Any], Awaitable[str]],
+    ) -> tuple[str, bool]:
+        """In one transaction: record (job, tick) and call ``enqueue(conn)`` with
+        its connection (a SQLAlchemy ``AsyncConnection``), which puts the task
+        in the same database and returns the queue's job id. Returns that id
+        and True; or, when (job, tick) was handed off before (committed by
+        anyone), the id recorded then and False, without calling ``enqueue``.
+        What ``enqueue`` raises rolls both back and is raised."""
+        ...
+
+    async def sending(self, job: str, tick: datetime, queue: str) -> str | None:
+        """Before a send to a queue elsewhere: record (job, tick) as about to be
+        sent (if it is not recorded yet). Returns the queue's job id if a send
+        of it went through before (then send nothing), else None."""
+        ...
+
+    async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
+        """After a send went through: record it (a retry or a peer then sends
+        nothing). A crash between the send and this leaves the tick to be sent
+        again, under the same key."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRequest:
+    """One tick to enqueue, as `Handoff.enqueue` gets it."""
+
+    job: str
+    """The job's name."""
+    tick: datetime
+    """The tick (aware, UTC)."""
+    key: str
+    """``handoff_key(job, tick)``: the queue's job id, lock or task id."""
+    kwargs: Mapping[str, Any]
+    """The task's keyword arguments, as the job's function returned them (JSON values)."""
+    state: Mapping[str, Any]
+    """What the app's lifespan yielded (where the app keeps its queue client)."""
+    outbox: Outbox | None = None
+    """The store's `Outbox`, or None (no store, or one without an outbox)."""
 
 
 @runtime_checkable
@@ -36,13 +100,10 @@ class Handoff(Protocol):
     name: str
     """What the tick goes to, shown in status (e.g. ``"arq task send_digest"``)."""
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
-        """Put the task in the queue under ``key`` with ``kwargs`` and return the
-        queue's job id. A refusal as a duplicate of the same ``key`` is success
-        (the queue has it); anything the queue raises is the run's failure.
-        ``state``: the lifespan's state (where the app keeps its pool)."""
+    async def enqueue(self, request: HandoffRequest) -> str:
+        """Put the task in the queue under ``request.key`` and return the
+        queue's job id. A refusal as a duplicate of the same key is success
+        (the queue has it); anything the queue raises is the run's failure."""
         ...
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 import anyio
 
 from .._distribution import missing_extra
 from .._errors import ConfigurationError, short
+from . import HandoffRequest
 
 try:
     from arq.connections import ArqRedis
@@ -99,11 +99,10 @@ class ArqTask:
     def __repr__(self) -> str:
         return f"ArqTask({self.function!r}, queue_name={self.queue_name!r})"
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
-        """Enqueue the task as arq job ``key``: its id, also when arq already
-        had it (a duplicate refused is a tick in the queue)."""
+    async def enqueue(self, request: HandoffRequest) -> str:
+        """Enqueue the task as arq job ``request.key``: its id, also when arq
+        already had it (a duplicate refused is a tick in the queue)."""
+        key, kwargs = request.key, request.kwargs
         taken = sorted(_ARQS_OWN.intersection(kwargs))
         if taken:
             raise TypeError(
@@ -111,7 +110,7 @@ class ArqTask:
                 "of enqueue_job, or the ctx it passes every task): rename them (the tick's "
                 "key is the job id)"
             )
-        pool = self._pool if isinstance(self._pool, ArqRedis) else self._pool(state)
+        pool = self._pool if isinstance(self._pool, ArqRedis) else self._pool(request.state)
         if not isinstance(pool, ArqRedis):
             if inspect.iscoroutine(pool):
                 pool.close()  # an async pool function's: never awaited, and no warning for it

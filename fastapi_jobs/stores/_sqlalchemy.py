@@ -33,6 +33,7 @@ from ._db_clock import db_now, sqlite_now
 from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
 from ._options import check_options
+from ._outbox import StoreOutbox
 from ._setup import ensure_tables
 from ._statements import Statements
 
@@ -44,6 +45,7 @@ logger = logging.getLogger("fastapi_jobs.stores")
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
 _FUTURE_MARGIN = 1.0
+_OUTBOX_KEPT = 86400.0
 
 
 class SQLAlchemyStore:
@@ -104,6 +106,7 @@ class SQLAlchemyStore:
         self._instance: Instance | None = None
         self._sql: Statements | None = None  # built for the engine's dialect at open()
         self._operations = Operations(self.timeout, self._prepare)
+        self.outbox = StoreOutbox(self._operations, self.tables)  # for hand-offs: queues.Outbox
 
     # -- life -------------------------------------------------------------
 
@@ -339,14 +342,17 @@ class SQLAlchemyStore:
         )
 
     async def prune(self) -> None:
-        if not self.history:
-            return
         sql = self._statements
 
         async def prune(conn: AsyncConnection) -> None:
-            before = (await conn.execute(sa.select(db_now()))).scalar_one() - self.history_max_age
-            await conn.execute(sql.prune_old, {"b_before": before})
-            await conn.execute(sql.prune_extra, {"b_keep": self.history})
+            now = (await conn.execute(sa.select(db_now()))).scalar_one()
+            # An outbox row refuses a second hand-off of its tick: kept as long as
+            # the history, at least a day (a retry or re-claim is minutes away).
+            handed_off = now - max(self.history_max_age, _OUTBOX_KEPT)
+            await conn.execute(sql.prune_outbox, {"b_before": handed_off})
+            if self.history:
+                await conn.execute(sql.prune_old, {"b_before": now - self.history_max_age})
+                await conn.execute(sql.prune_extra, {"b_keep": self.history})
 
         await self._operations.run(prune)
 

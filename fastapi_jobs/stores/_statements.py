@@ -36,6 +36,10 @@ class Statements:
         self.beat = beat(tables.instances, insert)
         self.pause = pause(tables.pauses, insert)
         self.prune_old, self.prune_extra = prune(tables.runs)
+        h = tables.handoffs
+        self.prune_outbox = sa.delete(h).where(
+            h.c.created_at < sa.bindparam("b_before", type_=sa.Double)
+        )
         # SQLite writes a release's history in a statement of its own, first.
         self.release_in_two = history and dialect == "sqlite"
         self.batches = Compiled(self._batch)

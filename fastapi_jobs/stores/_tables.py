@@ -1,4 +1,4 @@
-"""The store's four tables, their names, and their DDL.
+"""The store's five tables, their names, and their DDL.
 
 - ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
   ``fence`` grows by one per claim; ``lease_until`` is NULL once released;
@@ -11,6 +11,9 @@
   ``_statements.pause``).
 - ``<prefix>runs``: the run history, one row per released claim, written by the
   release's own statement and pruned in the background.
+- ``<prefix>handoffs``: the outbox of hand-off jobs, one row per (job, tick)
+  handed to a queue that cannot refuse a duplicate by itself (``_outbox``);
+  pruned with the history.
 
 Times are stored as POSIX seconds (double precision) so that both databases
 compare them alike. The SQL that works on the tables is in ``_statements`` and
@@ -22,6 +25,7 @@ sees them.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -43,6 +47,7 @@ class Tables(NamedTuple):
     instances: sa.Table
     pauses: sa.Table
     runs: sa.Table
+    handoffs: sa.Table
 
 
 _LONGEST = "ix_{}runs_job"
@@ -55,7 +60,7 @@ _MADE: weakref.WeakKeyDictionary[sa.Table, str] = weakref.WeakKeyDictionary()
 """The tables made here, and their prefix: a table of the app's under the same
 name is told from them. Not in ``Table.info``: Alembic writes that into every
 migration it generates."""
-_KINDS = ("claims", "instances", "pauses", "runs")
+_KINDS = ("claims", "instances", "pauses", "runs", "handoffs")
 
 
 def check_prefix(prefix: object, context: str = "") -> str:
@@ -136,7 +141,19 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
         # and no autogenerate proposes to rename it.
         sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
-    return Tables(metadata, claims, instances, pauses, runs)
+    return Tables(metadata, claims, instances, pauses, runs, _outbox(table))
+
+
+def _outbox(table: Callable[..., sa.Table]) -> sa.Table:
+    return table(
+        "handoffs",
+        sa.Column("job", sa.String(200), primary_key=True),
+        sa.Column("tick", sa.Double, primary_key=True),
+        sa.Column("queue", sa.String(200), nullable=False),  # the hand-off's name
+        sa.Column("queue_id", sa.String(255), nullable=True),  # NULL: not sent yet
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("sent_at", sa.Double, nullable=True),
+    )
 
 
 def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) -> sa.Table:
@@ -148,7 +165,7 @@ def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) ->
 
 
 def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -> list[sa.Table]:
-    """Add the store's four tables (and their index) to the app's ``metadata``.
+    """Add the store's five tables (and their index) to the app's ``metadata``.
 
     For apps whose schema is managed by migrations (Alembic): with the tables
     in the ``MetaData`` that ``env.py`` gives as ``target_metadata``,
@@ -174,7 +191,7 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
     several times in one process when commands are called from Python).
 
     Returns:
-        The four tables, in the order they are created.
+        The five tables, in the order they are created.
 
     Raises:
         ConfigurationError: ``metadata`` is not a ``sqlalchemy.MetaData``,

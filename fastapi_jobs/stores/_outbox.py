@@ -1,0 +1,122 @@
+"""The store's outbox: which ticks of hand-off jobs went to their queue.
+
+A queue that cannot refuse a second task under the same key by itself (Celery's
+brokers), or whose refusal does not last (procrastinate's ``queueing_lock``),
+is made idempotent here: one row per (job, tick) in ``<prefix>handoffs``.
+
+- ``once``: the row and the queue's own insert commit in one transaction (a
+  queue in the same database): a tick is in the queue once, whoever retries.
+- ``sending``/``sent``: a send to a queue elsewhere is recorded after it went
+  through; only a crash between the two leaves a tick to be sent again.
+
+A retry, or a peer that claimed the tick again after the claimer died, sees
+the row and sends nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._errors import StoreError
+from ._db_clock import db_now
+from ._operations import NOT_OPEN, Operations, transaction
+from ._tables import Tables
+
+__all__ = ["StoreOutbox"]
+
+
+class StoreOutbox:
+    """``fastapi_jobs.queues.Outbox`` on the store's ``handoffs`` table."""
+
+    def __init__(self, operations: Operations, tables: Tables) -> None:
+        self._ops = operations
+        self._table = tables.handoffs
+
+    @property
+    def dialect(self) -> str:
+        """The database's (``""`` until the store opens)."""
+        engine = self._ops.engine
+        return "" if engine is None else engine.dialect.name
+
+    def _upsert(self, job: str, tick: datetime, queue: str, *, pending_only: bool) -> Any:
+        """The row of (job, tick), inserted if absent; returns its ``sent_at``
+        and ``queue_id`` (with ``pending_only``: only if it was not sent, and
+        then it is locked until the transaction ends)."""
+        h = self._table
+        if not self.dialect:
+            raise StoreError(NOT_OPEN)
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        new = insert(h).values(job=job, tick=tick.timestamp(), queue=queue, created_at=db_now())
+        return new.on_conflict_do_update(
+            index_elements=[h.c.job, h.c.tick],
+            set_={"queue": h.c.queue},  # unchanged: an upsert only to return (and lock) the row
+            where=h.c.sent_at.is_(None) if pending_only else None,
+        ).returning(h.c.sent_at, h.c.queue_id)
+
+    def _of(self, job: str, tick: datetime) -> sa.ColumnElement[bool]:
+        h = self._table
+        return sa.and_(h.c.job == job, h.c.tick == tick.timestamp())
+
+    async def once(
+        self,
+        job: str,
+        tick: datetime,
+        queue: str,
+        enqueue: Callable[[Any], Awaitable[str]],
+    ) -> tuple[str, bool]:
+        upsert = self._upsert(job, tick, queue, pending_only=True)
+        h = self._table
+
+        async def op(conn: AsyncConnection) -> tuple[str, bool]:
+            async with _transaction(conn):
+                # A peer's transaction for the same tick holds the row until it
+                # ends; then this sees its outcome: sent (nothing returned), or
+                # rolled back (the row is this one's to insert).
+                if (await conn.execute(upsert)).first() is None:
+                    sent = sa.select(h.c.queue_id).where(self._of(job, tick))
+                    return str(await conn.scalar(sent) or ""), False
+                queue_id = str(await enqueue(conn))
+                done = sa.update(h).where(self._of(job, tick))
+                await conn.execute(done.values(queue_id=queue_id, sent_at=db_now()))
+                return queue_id, True
+
+        return await self._ops.run(op)
+
+    async def sending(self, job: str, tick: datetime, queue: str) -> str | None:
+        upsert = self._upsert(job, tick, queue, pending_only=False)
+        row = await self._ops.run(lambda conn: _first(conn, upsert))
+        sent_at, queue_id = row
+        return None if sent_at is None else str(queue_id or "")
+
+    async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
+        done = (
+            sa.update(self._table)
+            .where(self._of(job, tick))
+            .values(queue_id=queue_id, sent_at=db_now())
+        )
+        await self._ops.run(lambda conn: conn.execute(done))
+
+
+async def _first(conn: AsyncConnection, statement: Any) -> Any:
+    return (await conn.execute(statement)).one()
+
+
+@asynccontextmanager
+async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction on a connection of the store's AUTOCOMMIT engine."""
+    if conn.dialect.name == "sqlite":
+        async with transaction(conn):
+            yield
+        return
+    # This connection leaves AUTOCOMMIT for one transaction (the store's engine
+    # sets it again on every checkout).
+    await conn.execution_options(isolation_level="READ COMMITTED")
+    async with conn.begin():
+        yield

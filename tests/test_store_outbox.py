@@ -1,0 +1,190 @@
+"""The store's outbox (``<prefix>handoffs``), on every backend: a tick is
+recorded as handed off once, with the queue's insert in the same transaction
+(``once``) or after a send that went through (``sending``/``sent``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from fastapi_jobs.queues import Outbox
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import open_store
+
+TICK = datetime(2026, 3, 2, 1, 0, tzinfo=UTC)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _queue(conn: AsyncConnection) -> None:
+    """A stand-in for a queue's own table in the same database (procrastinate's
+    jobs): what ``once`` inserts beside its row, in one transaction."""
+    await conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS queue_jobs (id INTEGER, key TEXT)")
+
+
+async def _jobs(conn: AsyncConnection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in (await conn.exec_driver_sql("SELECT id, key FROM queue_jobs"))]
+
+
+async def test_the_store_is_an_outbox(database_url: str) -> None:
+    store = SQLAlchemyStore(database_url)
+    assert isinstance(store.outbox, Outbox)
+
+
+async def test_once_inserts_the_task_with_its_row_and_refuses_a_second(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await _queue(conn)
+        async with open_store(engine) as store:
+            calls: list[str] = []
+
+            async def enqueue(conn: AsyncConnection) -> str:
+                calls.append("enqueue")
+                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (7, 'digest@t')")
+                return "7"
+
+            first = await store.outbox.once("digest", TICK, "q task", enqueue)
+            second = await store.outbox.once("digest", TICK, "q task", enqueue)
+            other = await store.outbox.once("digest", TICK.replace(hour=2), "q task", enqueue)
+            assert store.outbox.dialect == engine.dialect.name
+        async with engine.connect() as conn:
+            jobs = await _jobs(conn)
+    finally:
+        await engine.dispose()
+    assert first == ("7", True)
+    assert second == ("7", False)  # recorded: the queue is not asked again
+    assert other == ("7", True)  # another tick is another row
+    assert calls == ["enqueue", "enqueue"]
+    assert jobs == [(7, "digest@t"), (7, "digest@t")]
+
+
+async def test_once_rolls_back_both_when_the_enqueue_fails(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await _queue(conn)
+        async with open_store(engine) as store:
+
+            async def fails(conn: AsyncConnection) -> str:
+                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (1, 'k')")
+                raise RuntimeError("the queue refused it")
+
+            async def works(conn: AsyncConnection) -> str:
+                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (2, 'k')")
+                return "2"
+
+            with pytest.raises(RuntimeError, match="the queue refused it"):
+                await store.outbox.once("digest", TICK, "q", fails)
+            # Nothing recorded: the retry enqueues.
+            assert await store.outbox.once("digest", TICK, "q", works) == ("2", True)
+        async with engine.connect() as conn:
+            jobs = await _jobs(conn)
+    finally:
+        await engine.dispose()
+    assert jobs == [(2, "k")]
+
+
+async def test_two_concurrent_onces_enqueue_one_task(database_url: str) -> None:
+    """Two instances hand off the same tick at the same moment (a claimer that
+    was thought dead, and its peer): the second waits for the first's
+    transaction and sees it committed."""
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await _queue(conn)
+        async with open_store(engine) as a, open_store(engine) as b:
+            inside = anyio.Event()
+            results: list[tuple[str, bool]] = []
+
+            async def slow(conn: AsyncConnection) -> str:
+                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (1, 'a')")
+                inside.set()
+                await anyio.sleep(0.3)  # b's transaction now waits on this one's row
+                return "1"
+
+            async def fast(conn: AsyncConnection) -> str:
+                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (2, 'b')")
+                return "2"
+
+            async def second() -> None:
+                await inside.wait()
+                results.append(await b.outbox.once("digest", TICK, "q", fast))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(second)
+                results.append(await a.outbox.once("digest", TICK, "q", slow))
+        async with engine.connect() as conn:
+            jobs = await _jobs(conn)
+    finally:
+        await engine.dispose()
+    assert sorted(results) == [("1", False), ("1", True)]
+    assert jobs == [(1, "a")]
+
+
+async def test_sending_then_sent_refuses_later_sends(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with open_store(engine) as store:
+            outbox = store.outbox
+            assert await outbox.sending("digest", TICK, "celery task x") is None
+            # Not recorded as sent (the send failed, or the sender died): sent again.
+            assert await outbox.sending("digest", TICK, "celery task x") is None
+            await outbox.sent("digest", TICK, "digest@2026-03-02T01:00:00Z")
+            assert await outbox.sending("digest", TICK, "celery task x") == (
+                "digest@2026-03-02T01:00:00Z"
+            )
+            h = store.tables.handoffs
+            async with engine.connect() as conn:
+                rows = (await conn.execute(sa.select(h.c.job, h.c.queue, h.c.queue_id))).all()
+    finally:
+        await engine.dispose()
+    assert [tuple(r) for r in rows] == [("digest", "celery task x", "digest@2026-03-02T01:00:00Z")]
+
+
+async def test_prune_keeps_the_outbox_a_day_even_without_history(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with open_store(engine, history=0, history_max_age=60) as store:
+            await store.outbox.sending("old", TICK, "q")
+            await store.outbox.sending("new", TICK, "q")
+            h = store.tables.handoffs
+            async with engine.begin() as conn:
+                # "old" was recorded two days ago.
+                await conn.execute(
+                    sa.update(h).where(h.c.job == "old").values(created_at=h.c.created_at - 172800)
+                )
+            await store.prune()
+            async with engine.connect() as conn:
+                jobs = (await conn.execute(sa.select(h.c.job))).scalars().all()
+    finally:
+        await engine.dispose()
+    assert jobs == ["new"]
+
+
+async def test_a_store_made_before_the_outbox_works_without_it(database_url: str) -> None:
+    """``create_tables=False`` on the four tables of a release before the outbox:
+    claims go on; only a hand-off that needs the outbox fails, naming the table."""
+    engine = create_async_engine(database_url)
+    try:
+        async with open_store(engine) as made:
+            pass
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(f"DROP TABLE {made.tables.handoffs.name}")
+        async with open_store(engine, create_tables=False) as store:
+            assert await store.claim([("digest", 1.0)]) == {"digest": 1}
+            with pytest.raises(sa.exc.DBAPIError, match="fastapi_jobs_handoffs"):
+                await store.outbox.sending("digest", TICK, "q")
+    finally:
+        await engine.dispose()
