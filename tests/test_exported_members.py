@@ -66,6 +66,7 @@ def test_exported_members() -> None:
         ("fastapi_jobs.testing", ["LoopClock"]),
         ("fastapi_jobs.queues", ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]),
         ("fastapi_jobs.queues.arq", ["ArqTask"]),
+        ("fastapi_jobs.queues.celery", ["CeleryTask"]),
     ],
 )
 def test_each_public_module_exports_its_own(module: str, names: list[str]) -> None:
@@ -107,6 +108,7 @@ def test_the_operators_modules_are_optional_and_imported_only_when_used() -> Non
         "assert 'prometheus_client' not in sys.modules\n"
         "assert not any(m.startswith('opentelemetry') for m in sys.modules)\n"
         "assert 'arq' not in sys.modules and 'redis' not in sys.modules\n"
+        "assert 'celery' not in sys.modules and 'kombu' not in sys.modules\n"
         "import fastapi_jobs.metrics, fastapi_jobs.tracing\n"
         "assert fastapi_jobs.metrics.__all__ == ['DURATION_BUCKETS', 'LATENESS_BUCKETS', "
         "'Metrics', 'instrument']\n"
