@@ -15,7 +15,7 @@ the row and sends nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -102,6 +102,29 @@ class StoreOutbox:
             .values(queue_id=queue_id, sent_at=db_now())
         )
         await self._ops.run(lambda conn: conn.execute(done))
+
+    async def queue_ids(self, ticks: Sequence[tuple[str, float]]) -> dict[tuple[str, float], str]:
+        if not ticks:
+            return {}
+        h = self._table
+        wanted = set(ticks)
+        # A superset by job and tick (a bound parameter per pair would not
+        # scale), then the pairs asked.
+        query = sa.select(h.c.job, h.c.tick, h.c.queue_id).where(
+            h.c.job.in_({job for job, _ in ticks}),
+            h.c.tick.in_({tick for _, tick in ticks}),
+            h.c.queue_id.is_not(None),
+        )
+        rows = await self._ops.run(lambda conn: _all(conn, query))
+        return {
+            (job, float(tick)): str(queue_id)
+            for job, tick, queue_id in rows
+            if (job, float(tick)) in wanted
+        }
+
+
+async def _all(conn: AsyncConnection, statement: Any) -> list[Any]:
+    return list((await conn.execute(statement)).all())
 
 
 async def _first(conn: AsyncConnection, statement: Any) -> Any:
