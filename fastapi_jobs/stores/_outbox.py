@@ -31,6 +31,9 @@ from ._tables import Tables
 
 __all__ = ["StoreOutbox"]
 
+# The queue's name is for people; its column is as wide as a job's name.
+_QUEUE_NAME = 200
+
 
 class StoreOutbox:
     """``fastapi_jobs.queues.Outbox`` on the store's ``handoffs`` table."""
@@ -53,6 +56,7 @@ class StoreOutbox:
         if not self.dialect:
             raise StoreError(NOT_OPEN)
         insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        queue = queue[:_QUEUE_NAME]
         new = insert(h).values(job=job, tick=tick.timestamp(), queue=queue, created_at=db_now())
         return new.on_conflict_do_update(
             index_elements=[h.c.job, h.c.tick],
