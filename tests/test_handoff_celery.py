@@ -172,6 +172,7 @@ async def test_each_tick_is_sent_once_and_run_once_under_its_key(
         async with scheduler.running({"db": engine, "celery": app}):
             assert scheduler.job_status("digest").hand_off == "celery task fj.record"
             await poll(lambda: scheduler.job_status("digest").runs >= 3, within=30)
+            history = await scheduler.runs("digest", limit=50)
         runs = await _store_runs(engine, "digest")
         outbox = await _outbox(engine)
         await poll(lambda: _count(worker, r, len(handed)), within=30)
@@ -186,6 +187,9 @@ async def test_each_tick_is_sent_once_and_run_once_under_its_key(
         assert entry["kwargs"] == {"tick": tick.isoformat(), "audience": "all"}
         assert handoff_key("digest", tick) == entry["id"]
     assert outbox == {key: (key, True) for key in keys}
+    assert history and all(
+        run.tick is not None and run.queue_id == handoff_key("digest", run.tick) for run in history
+    )
 
 
 async def test_three_instances_send_each_tick_once(

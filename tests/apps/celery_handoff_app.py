@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -58,6 +58,11 @@ class HeldOutbox:
 
     async def sending(self, job: str, tick: datetime, queue: str) -> str | None:
         return await self.outbox.sending(job, tick, queue)
+
+    async def queue_ids(
+        self, ticks: Sequence[tuple[str, float]]
+    ) -> Mapping[tuple[str, float], str]:
+        return await self.outbox.queue_ids(ticks)
 
     async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
         await anyio.Path(f"{BLOCK}.sent").write_text(queue_id)
