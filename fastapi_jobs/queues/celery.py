@@ -110,12 +110,12 @@ class CeleryTask:
     async def enqueue(self, request: HandoffRequest) -> str:
         """Send the task as Celery task ``request.key``, unless the outbox
         records it sent; its task id either way."""
+        app = self._celery(request.state)  # a wrong app= fails before the store is written
         outbox = request.outbox
         if outbox is not None:
             recorded = await outbox.sending(request.job, request.tick, self.name)
             if recorded is not None:
                 return recorded  # a retry's, or a peer's: sent before
-        app = self._celery(request.state)
         task_id = await self._send(app, request.key, dict(request.kwargs))
         if outbox is not None:
             # A crash (or a store failure) before this leaves the tick to be sent
