@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -39,6 +39,7 @@ from ._statements import Statements
 __all__ = ["SQLAlchemyStore"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
+_T = TypeVar("_T")
 
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts
 # claim at or after the tick (their clock follows the database's); this only
@@ -155,14 +156,44 @@ class SQLAlchemyStore:
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
+        return await self._claiming(partial(self._claim_all, kind, chunks(wanted)))
+
+    async def reclaim(
+        self, wanted: Sequence[tuple[str, float]]
+    ) -> dict[str, int | tuple[float, float] | Exception]:
+        """Claim again each ``(job, tick)`` that is claimed, never released and
+        past its lease; see `fastapi_jobs.stores.Store.reclaim`."""
+        if not wanted:
+            return {}
+
+        async def reclaim_all(
+            fences: dict[str, int | Exception], asked: dict[str, float], conn: AsyncConnection
+        ) -> dict[str, int | tuple[float, float] | Exception]:
+            await self._claim_all("reclaim", chunks(wanted), fences, asked, conn)
+            answer: dict[str, int | tuple[float, float] | Exception] = dict(fences)
+            others = [job for job, _ in wanted if job not in fences]
+            if others:
+                # Why not: still held (by a live claimer, or for another tick), or free.
+                rows = await conn.execute(self._statements.held, {"b_jobs": others})
+                answer.update((job, (float(tick), float(left))) for job, tick, left in rows.all())
+            return answer
+
+        return await self._claiming(reclaim_all)
+
+    async def _claiming(
+        self,
+        claim_all: Callable[
+            [dict[str, int | Exception], dict[str, float], AsyncConnection], Awaitable[_T]
+        ],
+    ) -> _T:
+        """Run ``claim_all(fences, asked, conn)`` as one operation, and free what
+        it claimed if its caller gives up."""
         # Filled as the operation goes, so that a caller who gives up can tell the
         # claims made from those whose answer never came.
         fences: dict[str, int | Exception] = {}
         asked: dict[str, float] = {}  # sent, not yet answered
         ops = self._operations
-        sent = ops.spawn(
-            ops.in_connection(partial(self._claim_all, kind, chunks(wanted), fences, asked))
-        )
+        sent = ops.spawn(ops.in_connection(partial(claim_all, fences, asked)))
         try:
             return await asyncio.shield(sent)
         except BaseException:

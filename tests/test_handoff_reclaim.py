@@ -1,0 +1,139 @@
+"""A hand-off tick whose claimer died is claimed again, once, after its lease.
+
+Store level: the re-claim statement on real databases (SQLite files, PostgreSQL
+through asyncpg and psycopg); short leases on the database's clock, wide
+margins, polls. Scheduler level: the remembering of ticks claimed elsewhere
+(virtual time, a real SQLite store), and three real uvicorn instances on
+PostgreSQL handing off to a real arq worker, one of them SIGKILLed between its
+claim and its enqueue, or between its enqueue and its release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .conftest import claim1, open_store, release1
+from .support.waiting import poll
+
+# Short enough to wait out, long enough that a paused test process (a garbage
+# collection, tests.pauses' 0.3 s) does not see a lease run out it was to see held.
+LEASE = 1.5
+TIMEOUT = 0.45
+
+
+@asynccontextmanager
+async def two_stores(
+    url: str,
+) -> AsyncIterator[tuple[SQLAlchemyStore, SQLAlchemyStore, AsyncEngine]]:
+    """A claimer and a peer on one database, sharing nothing but the database."""
+    engine: AsyncEngine = create_async_engine(url)
+    try:
+        async with (
+            open_store(engine, lease=LEASE, timeout=TIMEOUT) as claimer,
+            open_store(engine, lease=LEASE, timeout=TIMEOUT) as peer,
+        ):
+            yield claimer, peer, engine
+    finally:
+        await engine.dispose()
+
+
+async def _wait_lease_over(peer: SQLAlchemyStore, job: str, tick: float) -> None:
+    """Until the lease of ``job``'s claim of ``tick`` is over on the database's
+    clock, read through the peer's re-claim of an older tick (which never wins)."""
+
+    async def over() -> bool:
+        answer = (await peer.reclaim([(job, tick - 1.0)])).get(job)
+        assert isinstance(answer, tuple), answer
+        held_tick, left = answer
+        assert held_tick == tick
+        return left < 0
+
+    await poll(over, within=10)
+
+
+async def test_an_abandoned_claim_is_claimed_again_once_after_its_lease(
+    database_url: str,
+) -> None:
+    """A tick claimed and never released is claimed again by a peer once its
+    lease is over, with a grown fence, and only once."""
+    async with two_stores(database_url) as (claimer, peer, _):
+        assert await claim1(claimer, "digest", 100.0) == 1  # then the claimer "dies"
+        early = (await peer.reclaim([("digest", 100.0)]))["digest"]
+        assert isinstance(early, tuple) and early[0] == 100.0 and early[1] > 0  # still leased
+        await _wait_lease_over(peer, "digest", 100.0)
+        assert await peer.reclaim([("digest", 100.0)]) == {"digest": 2}
+        again = (await peer.reclaim([("digest", 100.0)]))["digest"]
+        assert isinstance(again, tuple) and again[0] == 100.0 and again[1] > 0  # ours now
+        assert not await claimer.renew("digest", 1)  # the dead claimer's fence is stale
+        await release1(peer, "digest", 2, "ok", None, 0.1)
+        view = await peer.read()
+        assert view.jobs["digest"].fence == 2
+        assert view.jobs["digest"].last_tick.timestamp() == 100.0  # type: ignore[union-attr]
+        [run] = await peer.runs("digest", 10)
+        assert run.tick.timestamp() == 100.0 and run.fence == 2 and run.outcome == "ok"
+
+
+async def test_a_released_claim_is_not_claimed_again(database_url: str) -> None:
+    """A tick whose run was released (ran, or freed) is never claimed again."""
+    async with two_stores(database_url) as (claimer, peer, _):
+        assert await claim1(claimer, "digest", 100.0) == 1
+        await release1(claimer, "digest", 1, "ok", None, 0.1)
+        assert await peer.reclaim([("digest", 100.0)]) == {}  # released: nothing held
+        assert await peer.reclaim([("other", 100.0)]) == {}  # no row at all
+
+
+async def test_a_claim_whose_lease_is_renewed_is_not_claimed_again(database_url: str) -> None:
+    """A claimer that is alive and renews keeps its tick: the re-claim answers
+    with the tick held and the time left on its lease."""
+    async with two_stores(database_url) as (claimer, peer, _):
+        assert await claim1(claimer, "digest", 100.0) == 1
+        answer = (await peer.reclaim([("digest", 100.0)]))["digest"]
+        assert isinstance(answer, tuple)
+        tick, left = answer
+        assert tick == 100.0 and 0 < left <= LEASE
+        assert await claimer.renew("digest", 1)
+        assert await claimer.renew("digest", 1)
+
+
+async def test_a_row_whose_tick_moved_on_is_not_claimed_again(database_url: str) -> None:
+    """Once a newer tick is claimed, the older one is never claimed again, even
+    when the newer claim is itself abandoned (the answer names the tick held)."""
+    async with two_stores(database_url) as (claimer, peer, _):
+        assert await claim1(claimer, "digest", 100.0) == 1
+        await release1(claimer, "digest", 1, "ok", None, 0.1)
+        assert await claim1(claimer, "digest", 200.0) == 2  # then the claimer "dies"
+        await _wait_lease_over(peer, "digest", 200.0)
+        answer = (await peer.reclaim([("digest", 100.0)]))["digest"]
+        assert isinstance(answer, tuple) and answer[0] == 200.0 and answer[1] < 0
+        assert await peer.reclaim([("digest", 200.0)]) == {"digest": 3}
+
+
+async def test_a_paused_job_is_not_claimed_again(database_url: str) -> None:
+    """A pause holds for re-claims as for claims."""
+    async with two_stores(database_url) as (claimer, peer, _):
+        assert await claim1(claimer, "digest", 100.0) == 1
+        await peer.pause("digest", None)
+        await _wait_lease_over(peer, "digest", 100.0)
+        answer = (await peer.reclaim([("digest", 100.0)]))["digest"]
+        assert isinstance(answer, tuple) and answer[1] < 0
+        await peer.resume("digest")
+        assert await peer.reclaim([("digest", 100.0)]) == {"digest": 2}
+
+
+async def test_of_two_concurrent_reclaims_one_wins(database_url: str) -> None:
+    """Two peers re-claim one abandoned tick at once: exactly one gets it."""
+    async with two_stores(database_url) as (claimer, peer, engine):
+        assert await claim1(claimer, "digest", 100.0) == 1
+        async with open_store(engine, lease=LEASE, timeout=TIMEOUT) as third:
+            await _wait_lease_over(peer, "digest", 100.0)
+            answers = await asyncio.gather(
+                peer.reclaim([("digest", 100.0)]), third.reclaim([("digest", 100.0)])
+            )
+    won = [answer["digest"] for answer in answers if isinstance(answer.get("digest"), int)]
+    assert won == [2], answers
