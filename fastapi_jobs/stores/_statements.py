@@ -1,6 +1,6 @@
 """The store's writes as SQL: claims, re-claims of abandoned hand-offs,
-releases (with their history rows), renewals, heartbeats, pause changes, and the history's retention; and
-`Statements`, which holds them built for one database.
+releases (with their history rows), renewals, heartbeats, pause changes, and
+the history's retention; and `Statements`, which holds them built for one database.
 
 Every time comparison uses the database's clock (``_db_clock``). Statements
 name every bind ``b_...``: the batch ones (claims, releases) run as driver SQL
