@@ -11,14 +11,23 @@ claim and its enqueue, or between its enqueue and its release.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import anyio
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from fastapi_jobs import Scheduler
+from fastapi_jobs.queues import handoff_key
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, open_store, release1
+from .support.instances import engine_for, instance
 from .support.waiting import poll
 
 # Short enough to wait out, long enough that a paused test process (a garbage
@@ -137,3 +146,79 @@ async def test_of_two_concurrent_reclaims_one_wins(database_url: str) -> None:
             )
     won = [answer["digest"] for answer in answers if isinstance(answer.get("digest"), int)]
     assert won == [2], answers
+
+
+class Recording:
+    """A hand-off of the test's own: the keys it enqueued, in order (shared by
+    the instances of a test, like a queue), each after ``slow`` seconds if it is
+    the first enqueue of this hand-off."""
+
+    name = "recording"
+
+    def __init__(self, queue: list[str], slow: float = 0.0) -> None:
+        self.queue = queue
+        self.slow = slow
+        self.mine: list[str] = []
+
+    async def enqueue(
+        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> str:
+        first = not self.mine
+        self.mine.append(key)
+        if first and self.slow:
+            await anyio.sleep(self.slow)
+        self.queue.append(key)
+        return key
+
+
+def _handing_off(engine: AsyncEngine, handoff: Recording) -> Scheduler:
+    scheduler = instance(engine, lease=LEASE, timeout=TIMEOUT)
+
+    @scheduler.every(seconds=1, enqueue=handoff)
+    async def digest() -> None:
+        return None
+
+    return scheduler
+
+
+async def test_a_tick_whose_claimer_died_is_handed_off_by_a_peer_after_its_lease(
+    tmp_path: Path,
+) -> None:
+    """A claimer that claimed a tick and died (a store that claims and never
+    releases): the running instance claims the tick again after its lease and
+    hands it off under its own key, once, recorded as a run of that tick."""
+    queue: list[str] = []
+    async with engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine:
+        peer = _handing_off(engine, Recording(queue))
+        async with open_store(engine, lease=LEASE, timeout=TIMEOUT) as dead:
+            async with peer.running({"db": engine}):
+                tick = math.floor(time.time()) + 2.0
+                await anyio.sleep(tick - 0.3 - time.time())
+                assert await claim1(dead, "digest", tick) is not None  # and never released
+                key = handoff_key("digest", datetime.fromtimestamp(tick, UTC))
+                await poll(lambda: key in queue, within=15)
+                await poll(lambda: len(queue) >= queue.index(key) + 3, within=15)
+            runs = {run.tick.timestamp(): run for run in await dead.runs("digest", 100)}
+    assert queue.count(key) == 1
+    assert len(queue) == len(set(queue)), queue
+    assert runs[tick].outcome == "ok" and runs[tick].instance == peer.instance.id
+
+
+async def test_a_holder_that_renews_keeps_its_tick_and_the_peer_forgets_it(
+    tmp_path: Path,
+) -> None:
+    """The claimer of a tick is alive and its enqueue outlasts the lease (it
+    renews): its peer asks again while the row is leased, never takes the tick,
+    forgets it once released; every tick is handed off once."""
+    queue: list[str] = []
+    slow, fast = Recording(queue, slow=2.5 * LEASE), Recording(queue)
+    async with engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine:
+        holder, peer = _handing_off(engine, slow), _handing_off(engine, fast)
+        async with holder.running({"db": engine}):
+            await poll(lambda: bool(slow.mine), within=15)  # its first enqueue has begun
+            first = slow.mine[0]
+            async with peer.running({"db": engine}):
+                await poll(lambda: first in queue, within=15)
+                await poll(lambda: len(queue) >= queue.index(first) + 3, within=15)
+    assert first not in fast.mine
+    assert len(queue) == len(set(queue)), queue
