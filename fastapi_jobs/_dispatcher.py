@@ -308,10 +308,17 @@ class Dispatcher:
         finally:
             for runner in pending:
                 runner.settle()
-        left = set(due) - set(won)
+        unanswered = reclaims.unanswered
         rest = [r for r in runners if r not in ticks]
-        for runner in left:  # lost the re-claim: its next tick is claimed as usual
-            runner.due, runner.in_flight = ticks[runner], True
+        for runner in due:
+            if runner in won:
+                continue
+            if runner in unanswered:
+                # Its next tick must not overtake a tick perhaps abandoned: skipped
+                # (the store's failure is logged), and the re-claim asked again.
+                runner.skipped("store_unavailable", ticks[runner])
+                continue
+            runner.due, runner.in_flight = ticks[runner], True  # claimed as usual
             rest.append(runner)
         return rest
 

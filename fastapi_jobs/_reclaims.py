@@ -58,6 +58,8 @@ class Reclaims:
         self._margin = margin(store.lease)
         self._changed: anyio.Event | None = None
         self._wake_at = math.inf
+        self.unanswered: list[JobRunner] = []
+        """The runners of the last `reclaim` that the store gave no answer for."""
         self.timer: Callable[[], None] | None = None
         """Starts the timer task (`run`); set by the dispatcher, called once."""
 
@@ -122,11 +124,13 @@ class Reclaims:
     async def reclaim(self, runners: list[JobRunner]) -> list[JobRunner]:
         """Claim again the watched rows of ``runners`` (each taken for it: in
         flight); the winners, set to run the old tick, are returned to be woken,
-        the others settled. What the store said is watched on, or forgotten."""
+        the others settled. What the store said is watched on, or forgotten;
+        those it gave no answer for are in `unanswered` until the next call."""
         watched, store = self.watched, self.store
         asked = [(r.job.name, watched[r.job.name][0]) for r in runners]
         sent = anyio.current_time()  # the lease counts from the sending
         won: list[JobRunner] = []
+        self.unanswered = []
         try:
             try:
                 with anyio.fail_after(store.timeout):
@@ -140,42 +144,57 @@ class Reclaims:
                 )
                 for runner, (_, tick) in zip(runners, asked, strict=True):
                     self._watch(runner, tick, sent + store.lease)
+                self.unanswered = list(runners)
                 return won
             now = anyio.current_time()
             for runner, (name, tick) in zip(runners, asked, strict=True):
-                got = answer.get(name)
-                if isinstance(got, int):
-                    self.forget(name)
-                    runner.due, runner.fence, runner.claimed_at = tick, got, sent
-                    self.logger.info(
-                        "job %r: tick %s was claimed by another instance and never released; "
-                        "claimed again after its lease",
-                        name,
-                        datetime.fromtimestamp(tick, UTC).isoformat(),
-                        extra={"job": name},
-                    )
+                if self._answered(runner, tick, answer.get(name), sent, now):
                     won.append(runner)
-                elif isinstance(got, tuple):
-                    held, left = got
-                    if left > 0:
-                        at = now + left + self._margin  # its holder renews: after that lease
-                    elif held != tick:
-                        at = now  # another abandoned tick: at once
-                    else:
-                        at = now + store.lease  # over but not taken (paused): a lease later
-                    self._watch(runner, held, at)
-                elif got is None:
-                    self.forget(name)  # released: ran, or freed
-                else:
-                    runner.logger.warning(
-                        "job %r: the store refused its claim again: %r; asked again after a lease",
-                        name,
-                        got,
-                        extra={"job": name},
-                    )
-                    self._watch(runner, tick, now + store.lease)
             return won
         finally:
             for runner in runners:
                 if runner not in won:
                     runner.settle()
+
+    def _answered(
+        self,
+        runner: JobRunner,
+        tick: float,
+        got: int | tuple[float, float] | Exception | None,
+        sent: float,
+        now: float,
+    ) -> bool:
+        """What the store answered for ``runner``'s row (see `Store.reclaim`):
+        won (set to run the old tick), or watched on, or forgotten."""
+        name, lease = runner.job.name, self.store.lease
+        if isinstance(got, int):
+            self.forget(name)
+            runner.due, runner.fence, runner.claimed_at = tick, got, sent
+            self.logger.info(
+                "job %r: tick %s was claimed by another instance and never released; "
+                "claimed again after its lease",
+                name,
+                datetime.fromtimestamp(tick, UTC).isoformat(),
+                extra={"job": name},
+            )
+            return True
+        if isinstance(got, tuple):
+            held, left = got
+            if left > 0:
+                at = now + left + self._margin  # its holder renews: after that lease
+            elif held != tick:
+                at = now  # another abandoned tick: at once
+            else:
+                at = now + lease  # over but not taken (paused): a lease later
+            self._watch(runner, held, at)
+        elif got is None:
+            self.forget(name)  # released: ran, or freed
+        else:
+            runner.logger.warning(
+                "job %r: the store refused its claim again: %r; asked again after a lease",
+                name,
+                got,
+                extra={"job": name},
+            )
+            self._watch(runner, tick, now + lease)
+        return False

@@ -101,6 +101,9 @@ class Store(Protocol):
         again whose row is still claimed and unreleased, ``(tick, lease_left)``:
         the tick its claim holds and the seconds left on its lease (negative:
         over); a job missing is released (or unknown). Exceptions as `claim`.
+        A re-claim made although its caller gave up is not freed (a freed row
+        looks released, and its tick would never be claimed again): its lease
+        runs out, and the tick is claimed again after it.
         """
 
     async def renew(self, job: str, fence: int) -> bool:

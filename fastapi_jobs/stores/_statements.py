@@ -35,7 +35,6 @@ class Statements:
         self.renew = renew(tables.claims)
         self.beat = beat(tables.instances, insert)
         self.pause = pause(tables.pauses, insert)
-        self.held = held(tables.claims)
         self.prune_old, self.prune_extra = prune(tables.runs)
         # SQLite writes a release's history in a statement of its own, first.
         self.release_in_two = history and dialect == "sqlite"
@@ -212,15 +211,6 @@ def reclaim(claims: sa.Table, pauses: sa.Table, dialect: str) -> Any:
             started_at=now,
         )
         .returning(c.c.job, c.c.fence)
-    )
-
-
-def held(claims: sa.Table) -> Any:
-    """The rows of jobs ``b_jobs`` still claimed and never released: job, the
-    tick they hold, and the seconds left on the lease (negative: over)."""
-    c = claims
-    return sa.select(c.c.job, c.c.last_tick, c.c.lease_until - db_now()).where(
-        c.c.job.in_(sa.bindparam("b_jobs", expanding=True)), c.c.lease_until.is_not(None)
     )
 
 
