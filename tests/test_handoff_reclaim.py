@@ -16,7 +16,7 @@ import math
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +29,7 @@ from arq.connections import RedisSettings
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fastapi_jobs import Scheduler
-from fastapi_jobs.queues import handoff_key
+from fastapi_jobs.queues import HandoffRequest, handoff_key
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import claim1, open_store, release1
@@ -171,9 +171,8 @@ class Recording:
         self.slow = slow
         self.mine: list[str] = []
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
+    async def enqueue(self, request: HandoffRequest) -> str:
+        key = request.key
         first = not self.mine
         self.mine.append(key)
         if first and self.slow:

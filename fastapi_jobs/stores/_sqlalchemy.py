@@ -29,7 +29,6 @@ from .._status import ClusterView, RunRecord
 from .._store import Ended, Instance
 from . import _reads, _tables
 from ._batches import chunks, claim_all, each_row_alone_on_error, encode
-from ._db_clock import db_now
 from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
 from ._options import check_options
@@ -47,7 +46,6 @@ _Reclaimed = dict[str, int | tuple[float, float] | Exception]
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
 _FUTURE_MARGIN = 1.0
-_OUTBOX_KEPT = 86400.0
 
 
 class SQLAlchemyStore:
@@ -348,19 +346,8 @@ class SQLAlchemyStore:
         )
 
     async def prune(self) -> None:
-        sql = self._statements
-
-        async def prune(conn: AsyncConnection) -> None:
-            now = (await conn.execute(sa.select(db_now()))).scalar_one()
-            # An outbox row refuses a second hand-off of its tick: kept as long as
-            # the history, at least a day (a retry or re-claim is minutes away).
-            handed_off = now - max(self.history_max_age, _OUTBOX_KEPT)
-            await conn.execute(sql.prune_outbox, {"b_before": handed_off})
-            if self.history:
-                await conn.execute(sql.prune_old, {"b_before": now - self.history_max_age})
-                await conn.execute(sql.prune_extra, {"b_keep": self.history})
-
-        await self._operations.run(prune)
+        sql, history, max_age = self._statements, self.history, self.history_max_age
+        await self._operations.run(partial(sql.prune, history=history, max_age=max_age))
 
     # -- fencing, for the jobs' own writes ---------------------------------
 

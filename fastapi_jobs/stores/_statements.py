@@ -14,12 +14,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._batches import Compiled, rows_cte
 from ._db_clock import db_now, db_received
 from ._tables import Tables
 
 __all__ = ["Statements"]
+
+_OUTBOX_KEPT = 86400.0
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -44,6 +47,17 @@ class Statements:
         self.release_in_two = history and dialect == "sqlite"
         self.batches = Compiled(self._batch)
         self._tables, self._insert, self._history = tables, insert, history
+
+    async def prune(self, conn: AsyncConnection, *, history: int, max_age: float) -> None:
+        """The retention of the history (its last ``history`` runs of each job, for
+        at most ``max_age`` seconds) and of the outbox."""
+        now = (await conn.execute(sa.select(db_now()))).scalar_one()
+        # An outbox row refuses a second hand-off of its tick: kept as long as
+        # the history, at least a day (a retry or re-claim is minutes away).
+        await conn.execute(self.prune_outbox, {"b_before": now - max(max_age, _OUTBOX_KEPT)})
+        if history:
+            await conn.execute(self.prune_old, {"b_before": now - max_age})
+            await conn.execute(self.prune_extra, {"b_keep": history})
 
     def _batch(self, kind: str) -> Any:
         t = self._tables

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from arq.connections import RedisSettings
 from fastapi import FastAPI
 
 from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs.queues import HandoffRequest
 from fastapi_jobs.queues.arq import ArqTask
 from fastapi_jobs.stores import SQLAlchemyStore
 
@@ -42,13 +42,12 @@ class BlockingOnce:
         self.task, self.name = task, task.name
         self.block, self.at = block, at
 
-    async def enqueue(
-        self, key: str, tick: datetime, kwargs: Mapping[str, Any], state: Mapping[str, Any]
-    ) -> str:
+    async def enqueue(self, request: HandoffRequest) -> str:
+        key = request.key
         taken = self._take(key)
         if taken and self.at == "before":
             await anyio.sleep_forever()
-        job_id = await self.task.enqueue(key, tick, kwargs, state)
+        job_id = await self.task.enqueue(request)
         if taken:
             await anyio.Path(f"{self.block}.enqueued").write_text(key)
             await anyio.sleep_forever()
