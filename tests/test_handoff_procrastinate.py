@@ -4,6 +4,7 @@ Real time, short intervals, wide margins."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from fastapi_jobs.queues import HandoffRequest, Outbox, handoff_key
 from fastapi_jobs.queues.procrastinate import ProcrastinateTask
 from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
+from .conftest import serve
 from .support.cluster import ROOT
 from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
@@ -415,3 +417,60 @@ def test_a_task_that_cannot_work_is_refused_when_declared(make: Any, said: str) 
     too (its AlreadyEnqueued would abort the transaction that records the tick)."""
     with pytest.raises(ConfigurationError, match=re.escape(said)):
         make()
+
+
+def _page_fragment(first_line_start: str) -> str:
+    """The Python block of docs/queues.md whose first line starts so."""
+    text = (ROOT / "docs" / "queues.md").read_text()
+    found: list[str] = [
+        code
+        for code in re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+        if code.startswith(first_line_start)
+    ]
+    assert len(found) == 1, first_line_start
+    return found[0]
+
+
+async def test_the_docs_example_hands_a_tick_to_its_worker(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page's tasks and app, as written, on a database with procrastinate's
+    schema: a run of the app's job is one procrastinate job, which the page's
+    worker runs once with the job's kwargs."""
+    (tmp_path / "tasks.py").write_text(_page_fragment("# fragment: tasks.py"))
+    (tmp_path / "main.py").write_text(_page_fragment("# fragment: main.py"))
+    db = Database(postgres, postgres.create_database())
+    monkeypatch.setenv("PROCRASTINATE_DSN", db.dsn)
+    monkeypatch.setenv("DATABASE_URL", db.url())
+    # The page's command: `procrastinate --app=tasks.app schema --apply`.
+    schema = await anyio.run_process(
+        [sys.executable, "-m", "procrastinate", "--app=tasks.app", "schema", "--apply"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
+    assert schema.returncode == 0, schema.stderr.decode()
+    log = tmp_path / "worker.log"
+    proc = start_worker("tasks.app", tmp_path, log)
+    monkeypatch.syspath_prepend(tmp_path)
+    try:
+        spec = importlib.util.spec_from_file_location("fj_docs_procrastinate", tmp_path / "main.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        async with serve(module.app):
+            scheduler: Scheduler = module.scheduler
+            assert scheduler.job_status("digest").hand_off == "procrastinate task send_digest"
+            run = await scheduler.trigger("digest")
+            result = await run.wait()
+            assert result is not None and result.outcome == "ok", result
+        async with engine_for(db.url()) as engine:
+            [job] = await _jobs(engine)
+        line = f"{run.tick.isoformat()}: digest for all (procrastinate job {job['id']})"
+        await poll(lambda: line in log.read_text(), within=30)
+    finally:
+        stop(proc)
+        sys.modules.pop("tasks", None)
+    assert job["task_name"] == "send_digest"
+    assert job["args"] == {"audience": "all", "tick": run.tick.isoformat()}
+    assert log.read_text().count(line) == 1
