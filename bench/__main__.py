@@ -117,6 +117,9 @@ def main() -> None:
     )
     parser.add_argument("--claims", action="store_true", help="also the PostgreSQL claims run")
     parser.add_argument("--requests", action="store_true", help="also the request-latency run")
+    parser.add_argument(
+        "--handoffs", action="store_true", help="also the hand-off run (a local redis-server)"
+    )
     parser.add_argument("--out", default=None, help="write the Markdown table here")
     args = parser.parse_args()
     if args.out:
@@ -158,6 +161,10 @@ def main() -> None:
         from .requests import report as requests_report
 
         extra += [*requests_report(quick=args.quick), ""]
+    if args.handoffs:
+        from .handoffs import report as handoffs_report
+
+        extra += [*handoffs_report(quick=args.quick), ""]
     invocation = " ".join(["python -m bench", *sys.argv[1:]])
     text = render(
         ticks,

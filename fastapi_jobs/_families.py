@@ -24,6 +24,7 @@ from prometheus_client.utils import floatToGoString as _go_untyped
 
 __all__ = [
     "CLUSTER_RUNNING",
+    "HAND_OFF",
     "INSTANCES",
     "INTERVAL",
     "LAST_RUN",
@@ -108,6 +109,13 @@ SUCCESS = _family(
     "job_name",
 )
 PAUSED = _family("paused", "gauge", "1 if the job's ticks are skipped as paused.", "job_name")
+HAND_OFF = _family(
+    "hand_off",
+    "gauge",
+    "1 for a hand-off job: its runs enqueue its ticks into this queue.",
+    "job_name",
+    "queue",
+)
 STORE_UP = _family(
     "store_up",
     "gauge",

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from ._families import (
     CLUSTER_RUNNING,
+    HAND_OFF,
     INSTANCES,
     INTERVAL,
     LAST_RUN,
@@ -60,6 +61,7 @@ class Row(NamedTuple):
     paused: bool
     durations: array[float] | None
     lateness: array[float] | None  # by job only
+    hand_off: str | None
 
 
 class Snapshot(NamedTuple):
@@ -93,7 +95,7 @@ class Figures:
         cluster = [STORE_UP, READ, LAST_RUN, OUTCOME, CLUSTER_RUNNING, INSTANCES]
         self.families = [
             *(counted if recorder is not None else ()),
-            *(SCHEDULER_RUNNING, NEXT_RUN, INTERVAL, SUCCESS, PAUSED),
+            *(SCHEDULER_RUNNING, NEXT_RUN, INTERVAL, SUCCESS, PAUSED, HAND_OFF),
             *(cluster if seam.store is not None else ()),
         ]
 
@@ -134,6 +136,7 @@ class Figures:
                     runner.paused_until > now,
                     None if durations is None else durations.copy(name),
                     None if lateness is None else lateness.copy(name),
+                    None if runner.job.enqueue is None else runner.job.enqueue.name,
                 )
             )
         return rows
@@ -176,6 +179,8 @@ class Figures:
             elif row.runs:
                 sink.add(SUCCESS, "", job, 0.0)
             sink.add(PAUSED, "", job, float(row.paused))
+            if row.hand_off is not None:
+                sink.add(HAND_OFF, "", (row.name, row.hand_off), 1.0)
 
     def _process_counters(self, runners: list[Row], sink: Sink) -> None:
         for stats in runners:  # each job's JobStats, as copied on the loop

@@ -213,7 +213,10 @@ def _row(
     ]
     if status.paused and status.paused_until is not None:
         cells.append(f'<br><span class="sub">until {_time(status.paused_until, now)}</span>')
-    cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}</td>')
+    cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}')
+    if status.hand_off is not None:  # its run is an enqueue: say where to
+        cells.append(f'<br><span class="sub">hands off to {escape(status.hand_off)}</span>')
+    cells.append("</td>")
     nxt = status.next_run_at
     if status.paused:  # its ticks are skipped: no countdown to one that will not run
         cells.append('<td data-label="Next run"><span class="sub">none while paused</span></td>')
@@ -283,6 +286,8 @@ def _chart(runs: Sequence[RunRecord]) -> str:
         tip = f"{when} · {outcome.replace('_', ' ')} · {_duration(duration)}"
         if run.error is not None:
             tip += f" · {run.error}"
+        if run.queue_id is not None:
+            tip += f" · queued as {run.queue_id}"
         rects.append(
             f'<rect class="{outcome}" x="{k * (bar + gap)}" y="{height - h}" width="{bar}" '
             f'height="{h}"><title>{escape(tip)}</title></rect>'

@@ -8,7 +8,7 @@ is the exception: its caller asked for them, and learns why they cannot be read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 
@@ -19,6 +19,7 @@ from ._pausing import Pauses
 from ._runner import JobRunner
 from ._running import Life
 from ._status import ClusterView, ErrorInfo, JobStatus, RunRecord
+from .queues import Outbox, handoff_key
 
 __all__ = ["Reader"]
 
@@ -72,13 +73,16 @@ class Reader:
                 raise StoreError("the store opens when the scheduler starts")
             try:
                 with anyio.fail_after(store.timeout):
-                    return await store.runs(name, limit)
+                    records = await store.runs(name, limit)
             except Exception as exc:
                 raise StoreError(
                     f"cannot read the run history of {name!r}: {ErrorInfo.of(exc)}"
                 ) from exc
-        history = runner.history
-        return [] if history is None else history.records(name, parts.instance.id, limit)
+        else:
+            history = runner.history
+            records = [] if history is None else history.records(name, parts.instance.id, limit)
+        await self._queue_ids({name: records})
+        return records
 
     async def recent_runs(self, names: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
         """The last ``limit`` runs (as `runs`) of each job of ``names``, the
@@ -98,7 +102,36 @@ class Reader:
         for name, runner in runners.items():
             if runner.leases is None and runner.history is not None:
                 found[name] = runner.history.records(name, parts.instance.id, limit)
+        await self._queue_ids(found)
         return found
+
+    async def _queue_ids(self, found: dict[str, list[RunRecord]]) -> None:
+        """Give the runs of hand-off jobs that went through their tick's queue
+        job id: the one the store's outbox recorded (procrastinate's own id),
+        else the tick's key (arq's job id, Celery's task id). Unknown (None)
+        when the outbox cannot be read."""
+        runners = self._parts.runners
+        ok = [
+            (name, record, record.tick)
+            for name, records in found.items()
+            if runners[name].job.enqueue is not None
+            for record in records
+            if record.outcome == "ok" and record.tick is not None
+        ]
+        if not ok:
+            return
+        recorded: Mapping[tuple[str, float], str] = {}
+        store = self._parts.store
+        outbox: Outbox | None = getattr(store, "outbox", None)
+        if store is not None and outbox is not None and self._life.running is not None:
+            try:
+                with anyio.fail_after(store.timeout):
+                    recorded = await outbox.queue_ids([(n, t.timestamp()) for n, _, t in ok])
+            except Exception as exc:  # noqa: BLE001 - a status page must not fail
+                self._parts.logger.debug("cannot read the queue ids of hand-offs: %r", exc)
+                return
+        for name, record, tick in ok:
+            record.queue_id = recorded.get((name, tick.timestamp())) or handoff_key(name, tick)
 
     def snapshot(self, runner: JobRunner) -> JobStatus:
         parts = self._parts

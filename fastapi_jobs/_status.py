@@ -125,6 +125,11 @@ class RunRecord(BaseModel):
     error: ErrorInfo | None
     instance: str = Field(description="The instance that ran it.")
     fence: int | None = Field(description="The claim's fence, with a store.")
+    queue_id: str | None = Field(
+        default=None,
+        description="A hand-off job's run that went through: the queue's job id of its "
+        "tick (the key 'job@tick' for arq and Celery, procrastinate's job id).",
+    )
 
 
 class PauseState(BaseModel):

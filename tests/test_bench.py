@@ -112,3 +112,29 @@ def test_an_out_that_cannot_be_the_file_is_refused_before_measuring(
     )
     assert refused.stdout == ""
     assert (tmp_path / "binary.md").read_bytes() == b"\x89PNG\r\n\x1a\n\x00\xff"
+
+
+def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object) -> None:
+    """`python -m bench.handoffs quick` (its own redis-server, as `--handoffs`
+    starts) prints its table: the library's call and the adapter's, side by side."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.handoffs", "quick"],
+        cwd=ROOT,
+        env=untraced(os.environ),
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    done.check_returncode()
+    table = re.findall(r"^\| (.+?) \| ([\d.]+)\u00d7? \|$", done.stdout, re.MULTILINE)
+    rows = {name.replace("\u00d7", "x"): value for name, value in table}
+    assert set(rows) == {
+        "arq `enqueue_job` (the library's call), µs CPU",
+        "`ArqTask.enqueue` (the adapter), µs CPU",
+        "adapter / library (target ≤ 2x)",
+        "ordinary job making the same call, µs CPU per tick",
+        "hand-off job, µs CPU per tick",
+        "hand-off / ordinary (target ≤ 1x)",
+    }
+    assert all(float(value) > 0 for value in rows.values())
+    assert "INFO" not in done.stdout + done.stderr  # the schedulers' logs kept out

@@ -470,3 +470,38 @@ async def test_a_pool_function_that_returns_no_pool_fails_the_run_saying_so() ->
         result = await scheduler.run_now("digest")
         assert result.outcome == "failed"
         assert "pool= returned <a " in str(result.error) and "not an ArqRedis" in str(result.error)
+
+
+async def test_the_cli_hands_the_current_tick_off_once(redis: RedisServer, tmp_path: Path) -> None:
+    """``fastapi-jobs run`` on the page's app claims the job's current tick and
+    hands it off, saying the key; run again, the tick is taken (exit 3) and the
+    worker runs it once."""
+    (tmp_path / "app.py").write_text(_page_fragment("# fragment: app.py"))
+    (tmp_path / "worker.py").write_text(_page_fragment("# fragment: worker.py"))
+    env = {
+        **os.environ,
+        "REDIS_URL": f"unix://{redis.socket}",
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}",
+        "PYTHONPATH": str(tmp_path),
+    }
+    await _clear_default_queue(redis)
+    log = tmp_path / "worker.log"
+    proc = start_worker("worker.WorkerSettings", tmp_path, log, REDIS_URL=env["REDIS_URL"])
+
+    def cli() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "fastapi_jobs", "run", "app:app", "digest"]
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    try:
+        first = await anyio.to_thread.run_sync(cli)
+        said = re.search(r"handed to arq task send_digest as '(digest@[^']+)'", first.stderr)
+        assert first.returncode == 0 and said, first.stderr
+        key = said.group(1)
+        await poll(lambda: f"{key}: digest for all" in log.read_text(), within=30)
+        again = await anyio.to_thread.run_sync(cli)
+    finally:
+        stop(proc)
+    assert again.returncode == 3, again.stderr  # the tick was claimed: not handed off twice
+    assert log.read_text().count(f"{key}: digest for all") == 1

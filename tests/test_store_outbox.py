@@ -188,3 +188,16 @@ async def test_a_store_made_before_the_outbox_works_without_it(database_url: str
                 await store.outbox.sending("digest", TICK, "q")
     finally:
         await engine.dispose()
+
+
+async def test_a_queue_name_longer_than_its_column_is_cut_not_refused(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    try:
+        async with open_store(engine) as store:
+            assert await store.outbox.sending("digest", TICK, "celery task " + "x" * 500) is None
+            h = store.tables.handoffs
+            async with engine.connect() as conn:
+                queue = await conn.scalar(sa.select(h.c.queue))
+    finally:
+        await engine.dispose()
+    assert queue == ("celery task " + "x" * 500)[:200]

@@ -14,7 +14,7 @@ whether the tick was handed off already.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
@@ -60,6 +60,14 @@ class Outbox(Protocol):
         """After a send went through: record it (a retry or a peer then sends
         nothing). A crash between the send and this leaves the tick to be sent
         again, under the same key."""
+        ...
+
+    async def queue_ids(
+        self, ticks: Sequence[tuple[str, float]]
+    ) -> Mapping[tuple[str, float], str]:
+        """The queue's job ids recorded for these ``(job, tick)`` pairs (POSIX
+        seconds), for the run history; pairs not handed off through the outbox
+        are left out."""
         ...
 
 

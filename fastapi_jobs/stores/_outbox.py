@@ -15,7 +15,7 @@ the row and sends nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -30,6 +30,9 @@ from ._operations import NOT_OPEN, Operations, transaction
 from ._tables import Tables
 
 __all__ = ["StoreOutbox"]
+
+# The queue's name is for people; its column is as wide as a job's name.
+_QUEUE_NAME = 200
 
 
 class StoreOutbox:
@@ -53,6 +56,7 @@ class StoreOutbox:
         if not self.dialect:
             raise StoreError(NOT_OPEN)
         insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        queue = queue[:_QUEUE_NAME]
         new = insert(h).values(job=job, tick=tick.timestamp(), queue=queue, created_at=db_now())
         return new.on_conflict_do_update(
             index_elements=[h.c.job, h.c.tick],
@@ -102,6 +106,29 @@ class StoreOutbox:
             .values(queue_id=queue_id, sent_at=db_now())
         )
         await self._ops.run(lambda conn: conn.execute(done))
+
+    async def queue_ids(self, ticks: Sequence[tuple[str, float]]) -> dict[tuple[str, float], str]:
+        if not ticks:
+            return {}
+        h = self._table
+        wanted = set(ticks)
+        # A superset by job and tick (a bound parameter per pair would not
+        # scale), then the pairs asked.
+        query = sa.select(h.c.job, h.c.tick, h.c.queue_id).where(
+            h.c.job.in_({job for job, _ in ticks}),
+            h.c.tick.in_({tick for _, tick in ticks}),
+            h.c.queue_id.is_not(None),
+        )
+        rows = await self._ops.run(lambda conn: _all(conn, query))
+        return {
+            (job, float(tick)): str(queue_id)
+            for job, tick, queue_id in rows
+            if (job, float(tick)) in wanted
+        }
+
+
+async def _all(conn: AsyncConnection, statement: Any) -> list[Any]:
+    return list((await conn.execute(statement)).all())
 
 
 async def _first(conn: AsyncConnection, statement: Any) -> Any:

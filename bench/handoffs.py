@@ -1,0 +1,154 @@
+"""Hand-offs: what handing a tick to a queue costs the app, side by side with
+the queue library's own call, on a local server.
+
+- ``call``: CPU per enqueue, the adapter's ``enqueue(request)`` against the
+  library's own call with a new job id each time (arq: ``enqueue_job``),
+  interleaved in rounds.
+- ``ticks``: CPU per tick of N hand-off jobs at 1 s against N ordinary jobs
+  whose body makes the same library call under the same key (no store: the
+  claims cost both alike, and ``bench.claims`` measures them).
+
+``python -m bench.handoffs [quick]`` prints the Markdown section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu_per_call(call: Callable[[int], Awaitable[Any]], n: int, offset: int) -> Awaitable[float]:
+    async def measured() -> float:
+        for k in range(20):  # warm: connections made, code paths taken
+            await call(offset + 10_000_000 + k)
+        started = time.process_time()
+        for k in range(n):
+            await call(offset + k)
+        return (time.process_time() - started) / n * 1e6
+
+    return measured()
+
+
+async def arq_calls(socket: str, n: int, rounds: int) -> dict[str, float]:
+    """µs of CPU per enqueue: arq's ``enqueue_job`` and ``ArqTask.enqueue``."""
+    from arq.connections import ArqRedis
+
+    from fastapi_jobs.queues import HandoffRequest, handoff_key
+    from fastapi_jobs.queues.arq import ArqTask
+
+    pool = ArqRedis(unix_socket_path=socket)
+    task = ArqTask("noop", pool=pool)
+    tick = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+
+    async def library(k: int) -> None:
+        await pool.enqueue_job("noop", _job_id=f"lib-{k}", audience="all")
+
+    async def adapter(k: int) -> None:
+        at = datetime.fromtimestamp(tick + k, UTC)
+        key = handoff_key("digest", at)
+        await task.enqueue(HandoffRequest("digest", at, key, {"audience": "all"}, {}))
+
+    found: dict[str, list[float]] = {"library": [], "adapter": []}
+    try:
+        for r in range(rounds):  # interleaved: the machine's drifts hit both alike
+            await pool.flushall()
+            found["library"].append(await _cpu_per_call(library, n, r * n))
+            await pool.flushall()
+            found["adapter"].append(await _cpu_per_call(adapter, n, r * n))
+    finally:
+        await pool.aclose()
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
+async def arq_ticks(socket: str, jobs: int, window: float, handoff: bool) -> float:
+    """µs of CPU per tick: ``jobs`` jobs at 1 s for ``window`` seconds, each
+    tick enqueued to arq, as hand-off jobs or as ordinary jobs making the call."""
+    from arq.connections import ArqRedis
+
+    from fastapi_jobs import JobContext, Scheduler
+    from fastapi_jobs.queues import handoff_key
+    from fastapi_jobs.queues.arq import ArqTask
+
+    pool = ArqRedis(unix_socket_path=socket, max_connections=jobs + 10)
+    await pool.flushall()
+    quiet = logging.getLogger("bench.handoffs")
+    quiet.setLevel(logging.WARNING)
+    scheduler = Scheduler(history=0, logger=quiet)
+    task = ArqTask("noop", pool=pool)
+
+    async def kwargs() -> dict[str, str]:  # async, as the ordinary job: no thread
+        return {"audience": "all"}
+
+    for k in range(jobs):
+        name = f"job{k}"
+        if handoff:
+            scheduler.every(seconds=1, name=name, enqueue=task)(kwargs)
+        else:
+
+            async def body(ctx: JobContext) -> None:
+                key = handoff_key(ctx.name, ctx.tick)
+                await pool.enqueue_job("noop", _job_id=key, audience="all")
+
+            scheduler.every(seconds=1, name=name)(body)
+    try:
+        async with scheduler.running():
+            await asyncio.sleep(1.5)  # every job placed, its first tick past
+            started, ran = time.process_time(), _ran(scheduler)
+            await asyncio.sleep(window)
+            cpu, ticks = time.process_time() - started, _ran(scheduler) - ran
+    finally:
+        await pool.aclose()
+    return cpu / max(1, ticks) * 1e6
+
+
+def _ran(scheduler: Any) -> int:
+    return sum(status.runs for status in scheduler.status())
+
+
+def report(quick: bool = False) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.support.redis import RedisServer
+
+    calls, rounds, jobs, window = (50, 1, 10, 1.0) if quick else (2000, 5, 100, 5.0)
+    server = RedisServer()
+    server.start()
+    try:
+        socket = str(server.socket)
+        cost = asyncio.run(arq_calls(socket, calls, rounds))
+        per_tick: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(rounds):
+            for handoff in (False, True):
+                per_tick[handoff].append(asyncio.run(arq_ticks(socket, jobs, window, handoff)))
+    finally:
+        server.destroy()
+    plain, handing = (statistics.median(per_tick[h]) for h in (False, True))
+    return [
+        "## Hand-offs to a queue (issue 19)",
+        "",
+        f"CPU on the app's side, medians of {rounds} interleaved round(s), a local "
+        "redis-server on a unix socket. Per call: "
+        f"{calls} enqueues each, a new job id each. Per tick: {jobs} jobs at 1 s for "
+        f"{window:g} s, no store.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| arq `enqueue_job` (the library's call), µs CPU | {cost['library']:.0f} |",
+        f"| `ArqTask.enqueue` (the adapter), µs CPU | {cost['adapter']:.0f} |",
+        f"| adapter / library (target ≤ 2×) | {cost['adapter'] / cost['library']:.2f}× |",
+        f"| ordinary job making the same call, µs CPU per tick | {plain:.0f} |",
+        f"| hand-off job, µs CPU per tick | {handing:.0f} |",
+        f"| hand-off / ordinary (target ≤ 1×) | {handing / plain:.2f}× |",
+    ]
+
+
+if __name__ == "__main__":
+    print("\n".join(report(quick=sys.argv[1:] == ["quick"])))
