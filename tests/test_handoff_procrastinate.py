@@ -160,6 +160,7 @@ async def test_each_tick_is_one_job_in_the_queue_run_once(
         async with scheduler.running({"db": engine}):
             assert scheduler.job_status("digest").hand_off == "procrastinate task record"
             await poll(lambda: scheduler.job_status("digest").runs >= 3, within=30)
+            history = await scheduler.runs("digest", limit=100)
         runs = await _runs(engine, "digest")
         await poll(lambda: _executed(engine, len(handed)), within=30)
         jobs, executions = await _jobs(engine), await _executions(engine)
@@ -174,6 +175,9 @@ async def test_each_tick_is_one_job_in_the_queue_run_once(
     assert sorted((h["job"], h["queue_id"]) for h in handoffs) == sorted(
         ("digest", str(j["id"])) for j in jobs
     )
+    # The history says which procrastinate job each run queued.
+    by_tick = {j["args"]["tick"]: str(j["id"]) for j in jobs}
+    assert history and all(r.queue_id == by_tick[r.tick.isoformat()] for r in history)
 
 
 async def test_three_instances_put_each_tick_in_the_queue_once(
