@@ -133,8 +133,10 @@ def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object) -> None:
         "`ArqTask.enqueue` (the adapter), µs CPU",
         "adapter / library (target ≤ 2x)",
         "ordinary job making the same call, µs CPU per tick",
+        "ordinary job making it bounded (`move_on_after`), µs CPU per tick",
         "hand-off job, µs CPU per tick",
-        "hand-off / ordinary (target ≤ 1x)",
+        "hand-off / ordinary bounded (target ≤ 1x)",
+        "hand-off / ordinary unbounded",
     }
     assert all(float(value) > 0 for value in rows.values())
     assert "INFO" not in done.stdout + done.stderr  # the schedulers' logs kept out
