@@ -31,6 +31,7 @@ from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .conftest import serve
 from .support.cluster import ROOT
+from .support.cluster import App as Uvicorn  # a uvicorn process (procrastinate has an App)
 from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
 from .support.waiting import poll
@@ -479,3 +480,92 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
     assert job["task_name"] == "send_digest"
     assert job["args"] == {"audience": "all", "tick": run.tick.isoformat()}
     assert log.read_text().count(line) == 1
+
+
+def _cluster(database: Database, block: Path, at: str, apps: list[Uvicorn]) -> None:
+    """Three uvicorn instances of tests/apps/procrastinate_handoff_app.py
+    (interval 3 s, lease 2 s) on the test's database."""
+    for _ in range(3):
+        apps.append(
+            Uvicorn(
+                database.url(),
+                app="tests.apps.procrastinate_handoff_app:app",
+                INTERVAL="3",
+                LEASE="2",
+                TIMEOUT="0.6",
+                BLOCK=str(block),
+                BLOCK_AT=at,
+            )
+        )
+    for app in apps:
+        app.wait_started()
+
+
+async def _ticks_run(engine: AsyncEngine) -> list[float]:
+    executions = await _executions(engine)
+    return sorted(datetime.fromisoformat(e["kwargs"]["tick"]).timestamp() for e in executions)
+
+
+@pytest.mark.parametrize("at", ["before", "after"])
+@pytest.mark.xfail(
+    not hasattr(SQLAlchemyStore, "reclaim"),
+    reason="a tick whose claimer died is claimed again only with branch reclaim (Store.reclaim)",
+    strict=True,
+)
+async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue_once(
+    at: str, database: Database, worker: Path, tmp_path: Path, apps: list[Uvicorn]
+) -> None:
+    """Three instances hand one job off; the one that won a chosen tick is
+    SIGKILLed before its enqueue (``before``) or after it, before its release
+    (``after``: the job row and the outbox row committed). A peer claims the tick
+    again after its lease and hands it off (``after``: the outbox row says it
+    was, and nothing is inserted): every tick of the window is in
+    procrastinate_jobs once and run once, the chosen one included."""
+    block = tmp_path / "block"
+    async with engine_for(database.url()) as engine:
+        _cluster(database, block, at, apps)
+        await poll(lambda: _executed(engine, 1), within=30)
+        block.touch()  # the next tick's winner takes it and blocks
+        taken = Path(f"{block}.taken")
+        await poll(lambda: taken.exists() and " " in taken.read_text(), within=30)
+        pid, key = (await anyio.Path(taken).read_text()).split(" ", 1)
+        if at == "after":
+            await poll(lambda: Path(f"{block}.enqueued").exists(), within=30)
+        [victim] = [app for app in apps if app.pid == int(pid)]
+        victim.signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        chosen = datetime.fromisoformat(key.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
+        end = chosen + 3 * 3  # the chosen tick, then three after it
+
+        async def through_end() -> bool:
+            return chosen in (ran := await _ticks_run(engine)) and ran[-1] >= end
+
+        await poll(through_end, within=30)
+        for app in apps:
+            if app is not victim:
+                app.terminate()
+        jobs = await _jobs(engine)
+        await poll(lambda: _executed(engine, len(jobs)), within=30)
+        executions = await _executions(engine)
+        [(outcome, by)] = [
+            (r["outcome"], r["instance"])
+            for r in await _rows(
+                engine,
+                f"SELECT outcome, instance FROM fastapi_jobs_runs WHERE job = 'digest' "
+                f"AND tick = {chosen}",
+            )
+        ]
+    in_queue = sorted(datetime.fromisoformat(j["args"]["tick"]).timestamp() for j in jobs)
+    assert len(in_queue) == len(set(in_queue)), f"a tick is in the queue twice: {in_queue}"
+    assert chosen in in_queue
+    _ran_once_each(executions, jobs)
+    window = [t for t in in_queue if t <= end]
+    # The tick due as the re-claim is made may be lost (see docs/queues.md); with
+    # a lease (2 s) shorter than the interval (3 s), none should be.
+    expected = [window[0] + 3 * k for k in range(round((end - window[0]) / 3) + 1)]
+    assert set(expected) - set(window) <= {chosen + 3}, (expected, window)
+    if at == "after":
+        # The victim's committed job is the tick's one: the peer inserted none.
+        [job] = [j for j in jobs if datetime.fromisoformat(j["args"]["tick"]).timestamp() == chosen]
+        assert str(job["id"]) == await anyio.Path(f"{block}.enqueued").read_text()
+    assert outcome == "ok" and by.split(":")[1] != pid  # a peer's run of that tick
