@@ -410,6 +410,7 @@ def _with_queueing_lock() -> Any:
         (lambda: ProcrastinateTask(len), "or its name as a string"),  # type: ignore[arg-type]
         (lambda: ProcrastinateTask("t", queue=""), "the name of a queue a worker reads"),
         (lambda: ProcrastinateTask("t", priority=True), "pass an int"),
+        (lambda: ProcrastinateTask("t", priority=2**31), "PostgreSQL's integer range"),
         (lambda: ProcrastinateTask("t", priority="1"), "pass an int"),  # type: ignore[arg-type]
         (lambda: ProcrastinateTask("t", lock=3), "pass a lock name"),  # type: ignore[arg-type]
         (

@@ -95,10 +95,14 @@ class ProcrastinateTask:
                 f"ProcrastinateTask({name!r}, queue={short(queue)}): pass the name of a "
                 "queue a worker reads, or None for the task's"
             )
-        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        if priority is not None and (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -(2**31) <= priority < 2**31  # procrastinate_jobs.priority is an integer
+        ):
             raise ConfigurationError(
                 f"ProcrastinateTask({name!r}, priority={short(priority)}): pass an int "
-                "(higher runs first), or None for the task's"
+                "(higher runs first; PostgreSQL's integer range), or None for the task's"
             )
         if lock is not None and (not isinstance(lock, str) or not lock):
             raise ConfigurationError(
