@@ -265,6 +265,7 @@ def _callable(dotted: str) -> Callable[..., object]:
     written after it, ``pause``) are the Scheduler's, the rest by its full name."""
     import fastapi_jobs.metrics
     import fastapi_jobs.queues.arq
+    import fastapi_jobs.queues.procrastinate
     import fastapi_jobs.stores
     import fastapi_jobs.tracing
 
