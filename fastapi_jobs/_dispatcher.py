@@ -10,6 +10,9 @@ ticks of claimed jobs in one call (``_claims``) and wakes the jobs that are to
 run in slices of ``SLICE``, giving the event loop a turn between slices, so that
 a request never waits behind a whole burst of jobs.
 
+Hand-off ticks claimed elsewhere are watched (``_reclaims``): a watched job's
+re-claim goes to the store just before its ordinary claim, in the same task.
+
 Each job keeps a task of its own between runs (``JobRunner.serve``), parked on
 a future that the dispatcher resolves: a run, its exception, its slowness and
 its cancel scopes stay the job's own.
@@ -29,6 +32,7 @@ import anyio.abc
 from ._claims import Claims
 from ._clock import Clock
 from ._concurrency import backend
+from ._reclaims import Reclaims
 from ._runner import JobRunner
 
 __all__ = ["SLICE", "WATCH_EVERY", "Dispatcher"]
@@ -61,6 +65,9 @@ class Dispatcher:
         self._sleep: anyio.CancelScope | None = None
         self._timer = anyio.CancelScope()  # the timer loop's, cancelled by stop()
         self._tg: anyio.abc.TaskGroup | None = None
+        self.reclaims = None if claims is None else Reclaims(claims.store, claims.logger)
+        """The hand-off rows watched for an abandoned tick (with a store)."""
+        self._reclaiming = anyio.CancelScope()  # the re-claims' timer's, cancelled by stop()
         self.ended = anyio.Event()
         """Set when the timer and every claim of the dispatcher have ended."""
 
@@ -88,6 +95,12 @@ class Dispatcher:
                 self._tg = tg
                 watching = anyio.CancelScope()
                 tg.start_soon(self._watch_the_clock, watching)
+                if self.reclaims is not None:
+
+                    def start_reclaims() -> None:
+                        tg.start_soon(self._reclaim_timer, checkpoint)
+
+                    self.reclaims.timer = start_reclaims
                 with self._timer:
                     while True:
                         target = self._target = instants[0] if instants else math.inf
@@ -103,7 +116,24 @@ class Dispatcher:
                 watching.cancel()
         finally:
             self._tg, self._sleep, self._target = None, None, math.inf
+            if self.reclaims is not None:
+                self.reclaims.timer = None
             self.ended.set()
+
+    async def _reclaim_timer(self, checkpoint: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """The re-claims' one task, started with the first row watched."""
+        assert self.reclaims is not None
+
+        async def wake(runners: list[JobRunner]) -> None:
+            pending = iter(runners)
+            try:
+                await _wake(pending, checkpoint)
+            finally:
+                for runner in pending:  # cancelled between two slices
+                    runner.settle()
+
+        with self._reclaiming:
+            await self.reclaims.run(wake)
 
     async def _watch_the_clock(self, scope: anyio.CancelScope) -> None:
         """Kick the timer when the clock steps against the loop's (see WATCH_EVERY)."""
@@ -131,6 +161,7 @@ class Dispatcher:
         """No more instants. A claim in flight goes on: the ticks it wins are this
         instance's, and run (shutdown waits for them as for any run in flight)."""
         self._timer.cancel()
+        self._reclaiming.cancel()
 
     async def _dispatch(
         self,
@@ -209,8 +240,13 @@ class Dispatcher:
     ) -> None:
         """Claim the ticks of ``runners`` in one call; wake the winners."""
         assert self._claims is not None
+        reclaims = self.reclaims
+        watching = reclaims is not None and bool(reclaims.watched)
         pending = iter(runners)  # not yet woken nor settled
         try:
+            if watching:
+                runners = await self._reclaim_first(runners, checkpoint)
+                pending = iter(runners)
             claimed_at = anyio.current_time()  # the leases count from the claim's sending
             fences = await self._claims.claim([(r.job.name, r.due) for r in runners])
             won: list[JobRunner] = []
@@ -221,12 +257,17 @@ class Dispatcher:
                 if isinstance(fence, int):
                     runner.fence, runner.claimed_at = fence, claimed_at
                     won.append(runner)
+                    if watching:
+                        reclaims.forget(runner.job.name)  # type: ignore[union-attr]
                     continue
                 runner.settle()
                 if failed:
                     runner.skipped("store_unavailable", runner.due)  # logged by claim()
                 elif fence is None:
                     runner.skipped("claimed_elsewhere", runner.due)
+                    if runner.job.enqueue is not None and reclaims is not None:
+                        # Its claimer may die before enqueuing: watch the row.
+                        reclaims.saw(runner, runner.due, anyio.current_time())
                 else:
                     runner.skipped("store_unavailable", runner.due)
                     runner.logger.warning(
@@ -242,6 +283,44 @@ class Dispatcher:
             # again, and the claims made for them are released.
             for runner in pending:
                 runner.settle()
+
+    async def _reclaim_first(
+        self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]
+    ) -> list[JobRunner]:
+        """Claim again the watched rows of ``runners`` before their next
+        tick's claim; wake the winners, which run the old tick (their new one is
+        dropped: the old run holds the job). The runners left to claim."""
+        reclaims = self.reclaims
+        assert reclaims is not None
+        due = reclaims.among(runners)
+        if not due:
+            return runners
+        ticks = {runner: runner.due for runner in due}
+        for runner in due:
+            runner.settle()  # the re-claim takes it again: in flight for the old tick
+            runner.in_flight = True
+        won = await reclaims.reclaim(due)
+        for runner in won:
+            runner.skipped("overlap", ticks[runner])
+        pending = iter(won)
+        try:
+            await _wake(pending, checkpoint)
+        finally:
+            for runner in pending:
+                runner.settle()
+        unanswered = reclaims.unanswered
+        rest = [r for r in runners if r not in ticks]
+        for runner in due:
+            if runner in won:
+                continue
+            if runner in unanswered:
+                # Its next tick must not overtake a tick perhaps abandoned: skipped
+                # (the store's failure is logged), and the re-claim asked again.
+                runner.skipped("store_unavailable", ticks[runner])
+                continue
+            runner.due, runner.in_flight = ticks[runner], True  # claimed as usual
+            rest.append(runner)
+        return rest
 
 
 async def _wake(

@@ -89,6 +89,23 @@ class Store(Protocol):
         others went through. Raises when the store cannot be reached at all.
         """
 
+    async def reclaim(
+        self, wanted: Sequence[tuple[str, float]]
+    ) -> Mapping[str, int | tuple[float, float] | Exception]:
+        """Claim again each ``(job, tick)`` whose claim of that very tick was made
+        and never released, and whose lease is over (its claimer died): the
+        hand-off jobs' ticks, whose enqueue is keyed by the tick (never an
+        in-process run's). Paused jobs are not claimed.
+
+        Returns, by job, the new fence of each claim made; for a job not claimed
+        again whose row is still claimed and unreleased, ``(tick, lease_left)``:
+        the tick its claim holds and the seconds left on its lease (negative:
+        over); a job missing is released (or unknown). Exceptions as `claim`.
+        A re-claim made although its caller gave up is not freed (a freed row
+        looks released, and its tick would never be claimed again): its lease
+        runs out, and the tick is claimed again after it.
+        """
+
     async def renew(self, job: str, fence: int) -> bool:
         """Extend the lease of the claim ``fence``; False if it is not ours any more."""
 

@@ -266,6 +266,7 @@ def _callable(dotted: str) -> Callable[..., object]:
     import fastapi_jobs.metrics
     import fastapi_jobs.queues.arq
     import fastapi_jobs.queues.celery
+    import fastapi_jobs.queues.procrastinate
     import fastapi_jobs.stores
     import fastapi_jobs.tracing
 

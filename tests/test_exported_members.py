@@ -67,6 +67,7 @@ def test_exported_members() -> None:
         ("fastapi_jobs.queues", ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]),
         ("fastapi_jobs.queues.arq", ["ArqTask"]),
         ("fastapi_jobs.queues.celery", ["CeleryTask"]),
+        ("fastapi_jobs.queues.procrastinate", ["ProcrastinateTask"]),
     ],
 )
 def test_each_public_module_exports_its_own(module: str, names: list[str]) -> None:

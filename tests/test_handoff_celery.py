@@ -195,8 +195,9 @@ async def test_each_tick_is_sent_once_and_run_once_under_its_key(
 async def test_three_instances_send_each_tick_once(
     redis: RedisServer, worker: Worker, tmp_path: Path
 ) -> None:
-    """Three schedulers on one store hand one job off for a window: each tick is
-    claimed by one of them, sent once and executed once (by request.id)."""
+    """Three schedulers on one store hand one job off for a window, each going for
+    every tick: each tick is claimed by one of them, sent once and executed once
+    (by request.id)."""
     handed: list[tuple[datetime, int]] = []
     async with (
         celery_app(redis) as app,
@@ -204,8 +205,8 @@ async def test_three_instances_send_each_tick_once(
         engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
         AsyncExitStack() as stack,
     ):
-        for i in range(3):
-            scheduler = instance(engine)
+        schedulers = [instance(engine) for _ in range(3)]
+        for i, scheduler in enumerate(schedulers):
 
             async def digest(ctx: JobContext, who: int = i) -> dict[str, object]:
                 handed.append((ctx.tick, who))
@@ -215,6 +216,10 @@ async def test_three_instances_send_each_tick_once(
             await stack.enter_async_context(scheduler.running({"db": engine, "celery": app}))
             await anyio.sleep(0.07 * i)  # instances start at different moments
         await poll(lambda: len(handed) >= 10, within=30)
+        competed = [
+            s.job_status("digest").runs + s.job_status("digest").skipped.get("claimed_elsewhere", 0)
+            for s in schedulers
+        ]
         await stack.aclose()  # every instance stops; runs in flight end first
         await poll(lambda: _count(worker, r, len(handed)), within=30)
         executions = await worker.executions(r)
@@ -225,7 +230,9 @@ async def test_three_instances_send_each_tick_once(
     keys = [handoff_key("digest", tick) for tick in ticks]
     assert _by_id(executions) == dict.fromkeys(keys, 1)
     assert sorted(work) == sorted(keys)
-    assert len({who for _, who in handed}) >= 2, "one instance took every tick"
+    # Each instance went for the ticks: it ran them, or found them claimed by a
+    # peer. (Which one wins is the store's race: one instance may win them all.)
+    assert all(n >= 5 for n in competed), competed
 
 
 class LosingCelery(Celery):  # type: ignore[misc]
@@ -463,8 +470,8 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
 ) -> None:
     """The page's app and worker, as written: a run of the app's job reaches the
     page's worker, which gets the tick's key as its request.id and the job's kwargs."""
-    (tmp_path / "main.py").write_text(_page_fragment("# fragment: main.py"))
-    (tmp_path / "tasks.py").write_text(_page_fragment("# fragment: tasks.py"))
+    (tmp_path / "web.py").write_text(_page_fragment("# fragment: web.py"))
+    (tmp_path / "celery_tasks.py").write_text(_page_fragment("# fragment: celery_tasks.py"))
     monkeypatch.setenv("CELERY_BROKER_URL", f"redis+socket://{redis.socket}")
     monkeypatch.setenv("REDIS_URL", f"unix://{redis.socket}")
     monkeypatch.setenv("DATABASE_URL", f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}")
@@ -472,9 +479,9 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
     async with redis_client(redis) as r:
         await r.delete("celery")
     log = tmp_path / "worker.log"
-    proc = start_worker("tasks", "celery", tmp_path, log)
+    proc = start_worker("celery_tasks", "celery", tmp_path, log)
     try:
-        spec = importlib.util.spec_from_file_location("fj_docs_celery_main", tmp_path / "main.py")
+        spec = importlib.util.spec_from_file_location("fj_docs_celery_web", tmp_path / "web.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -492,12 +499,6 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
     assert log.read_text().count(line) == 1
 
 
-RECLAIMS = importlib.util.find_spec("fastapi_jobs._reclaims") is not None
-"""Whether a tick whose claimer died is claimed again after its lease (branch
-reclaim): without it the tick is lost with its claimer, as docs/queues.md says."""
-
-
-@pytest.mark.skipif(not RECLAIMS, reason="needs the re-claim of abandoned ticks (branch reclaim)")
 @pytest.mark.parametrize("at", ["claim", "send", "record"])
 async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     at: str, postgres: PostgresServer, redis: RedisServer, tmp_path: Path, apps: list[App]

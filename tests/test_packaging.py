@@ -89,6 +89,12 @@ def test_the_distribution_is_named_once_and_its_version_read_from_it() -> None:
             "celery",
             ("fastapi_jobs.queues.celery needs Celery",),
         ),
+        (
+            "procrastinate",
+            "import fastapi_jobs.queues.procrastinate",
+            "procrastinate",
+            ("fastapi_jobs.queues.procrastinate needs procrastinate",),
+        ),
     ],
 )
 def test_a_missing_extra_names_this_distributions_extra(

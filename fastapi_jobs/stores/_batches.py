@@ -1,24 +1,28 @@
 """Batching: the rows of one kind (claims, releases) that the scheduler sends
 together share one statement, compiled once, their values in one JSON
 parameter; a row the database refuses fails alone, and an error of the
-statement (a table missing, a deadlock, the connection) fails the whole call."""
+statement (a table missing, a deadlock, the connection) fails the whole call.
+`claim_all` sends claims so, noting which were asked and not yet answered."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ._db_clock import sqlite_now
+
 __all__ = [
     "MAX_ROWS",
     "Compiled",
     "chunks",
+    "claim_all",
     "each_row_alone_on_error",
     "encode",
     "row_error",
@@ -152,3 +156,40 @@ async def each_row_alone_on_error(
             if not row_error(exc):
                 raise
             errors[row[0]] = exc
+
+
+async def claim_all(
+    batches: Compiled,
+    kind: str,
+    chunks: list[list[tuple[str, Any]]],
+    params: dict[str, object],
+    fences: dict[str, int | Exception],
+    asked: dict[str, float],
+    conn: AsyncConnection,
+) -> dict[str, int | Exception]:
+    """Send the claims (``kind``: a claim statement returning job, fence) of
+    ``chunks`` with ``params``; fill ``fences`` with what they made, and
+    ``asked`` with the rows sent and not yet answered (what a caller who gives
+    up must look up and free)."""
+
+    async def claim_rows(rows: list[tuple[str, Any]]) -> None:
+        sent = {**params, "b_sent": sqlite_now(), "b_rows": encode(rows)}
+        asked.update(rows)
+        try:
+            result = await batches.execute(conn, kind, sent)
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                # The database answered with an error: the statement made no
+                # claim, so there is none to look up and free (it would find
+                # a claim of the same tick made since, and end it).
+                for job, _ in rows:
+                    asked.pop(job, None)
+            raise
+        returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
+        fences.update((job, int(fence)) for job, fence in returned)
+        for job, _ in rows:
+            asked.pop(job, None)  # answered: claimed, or not (held, an older tick)
+
+    for chunk in chunks:
+        await each_row_alone_on_error(claim_rows, chunk, fences)
+    return fences

@@ -1,6 +1,7 @@
 """The store's reads, each on a connection the store's operation gives: what
 the cluster knows (claims, live instances, pauses, last successes), the run
-history, a job's last tick, and this instance's held claims.
+history, a job's last tick, this instance's held claims, and the unreleased
+claims of some jobs.
 
 None of them writes; their rows become models in ``_models``.
 """
@@ -17,7 +18,15 @@ from ._db_clock import db_now
 from ._models import cluster_view, paused_until, run_record
 from ._tables import Tables
 
-__all__ = ["cluster", "held_claims", "last_tick", "pauses", "recent_runs", "runs"]
+__all__ = [
+    "cluster",
+    "held_claims",
+    "last_tick",
+    "pauses",
+    "recent_runs",
+    "runs",
+    "unreleased",
+]
 
 # The last successes of at most this many jobs are asked by name (see
 # _last_successes), and so are the recent runs.
@@ -109,3 +118,17 @@ async def held_claims(
         c.c.owner == owner, c.c.lease_until.is_not(None)
     )
     return [(job, fence, tick) for job, fence, tick in await conn.execute(query)]
+
+
+async def unreleased(
+    conn: AsyncConnection, tables: Tables, jobs: Sequence[str]
+) -> dict[str, tuple[float, float]]:
+    """The claims of ``jobs`` made and never released: the tick each holds, and
+    the seconds left on its lease (negative: over), on the database's clock."""
+    c = tables.claims
+    rows = await conn.execute(
+        sa.select(c.c.job, c.c.last_tick, c.c.lease_until - db_now()).where(
+            c.c.job.in_(jobs), c.c.lease_until.is_not(None)
+        )
+    )
+    return {job: (float(tick), float(left)) for job, tick, left in rows.all()}

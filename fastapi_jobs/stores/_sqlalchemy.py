@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -28,8 +28,7 @@ from .._errors import LeaseLostError, StoreError
 from .._status import ClusterView, RunRecord
 from .._store import Ended, Instance
 from . import _reads, _tables
-from ._batches import chunks, each_row_alone_on_error, encode
-from ._db_clock import db_now, sqlite_now
+from ._batches import chunks, claim_all, each_row_alone_on_error, encode
 from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
 from ._options import check_options
@@ -40,12 +39,13 @@ from ._statements import Statements
 __all__ = ["SQLAlchemyStore"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
+_T = TypeVar("_T")
+_Reclaimed = dict[str, int | tuple[float, float] | Exception]
 
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts
 # claim at or after the tick (their clock follows the database's); this only
 # absorbs timers that fire a hair early and the error of the offset's estimate.
 _FUTURE_MARGIN = 1.0
-_OUTBOX_KEPT = 86400.0
 
 
 class SQLAlchemyStore:
@@ -158,21 +158,47 @@ class SQLAlchemyStore:
         if not wanted:
             return {}
         kind = "claim_manual" if manual else "claim"
+        return await self._claiming(partial(self._claim_all, kind, chunks(wanted)))
+
+    async def reclaim(self, wanted: Sequence[tuple[str, float]]) -> _Reclaimed:
+        """Claim again each ``(job, tick)`` that is claimed, never released and
+        past its lease; see `fastapi_jobs.stores.Store.reclaim`."""
+        if not wanted:
+            return {}
+
+        async def reclaim_all(
+            fences: dict[str, int | Exception], asked: dict[str, float], conn: AsyncConnection
+        ) -> _Reclaimed:
+            await self._claim_all("reclaim", chunks(wanted), fences, asked, conn)
+            others = [job for job, _ in wanted if job not in fences]
+            # Why not: still held (by a live claimer, or for another tick), or free.
+            held = await _reads.unreleased(conn, self.tables, others) if others else {}
+            return {**held, **fences}
+
+        return await self._claiming(reclaim_all, free=False)
+
+    async def _claiming(
+        self,
+        claim_all: Callable[..., Awaitable[_T]],
+        free: bool = True,
+    ) -> _T:
+        """Run ``claim_all(fences, asked, conn)`` as one operation, and free what
+        it claimed if its caller gives up, if ``free``: not a re-claim's, whose row
+        freed would look released (its abandoned tick never claimed again)."""
         # Filled as the operation goes, so that a caller who gives up can tell the
         # claims made from those whose answer never came.
         fences: dict[str, int | Exception] = {}
         asked: dict[str, float] = {}  # sent, not yet answered
         ops = self._operations
-        sent = ops.spawn(
-            ops.in_connection(partial(self._claim_all, kind, chunks(wanted), fences, asked))
-        )
+        sent = ops.spawn(ops.in_connection(partial(claim_all, fences, asked)))
         try:
             return await asyncio.shield(sent)
         except BaseException:
             # The caller gave up (its deadline, shutdown), or the operation failed
             # or hit its own deadline. Claims made all the same are run by nobody:
             # free them, or the jobs wait out a lease.
-            sent.add_done_callback(lambda _: self._abandoned(fences, asked))
+            if free:
+                sent.add_done_callback(lambda _: self._abandoned(fences, asked))
             raise
 
     def _abandoned(self, fences: dict[str, int | Exception], asked: dict[str, float]) -> None:
@@ -206,36 +232,14 @@ class SQLAlchemyStore:
         asked: dict[str, float],
         conn: AsyncConnection,
     ) -> dict[str, int | Exception]:
+        params: dict[str, object] = {
+            "b_owner": self._owner,
+            "b_lease": self.lease,
+            "b_timeout": self.timeout,
+            "b_early": _FUTURE_MARGIN,
+        }
         batches = self._statements.batches
-
-        async def claim_rows(rows: list[tuple[str, Any]]) -> None:
-            params: dict[str, object] = {
-                "b_owner": self._owner,
-                "b_lease": self.lease,
-                "b_timeout": self.timeout,
-                "b_early": _FUTURE_MARGIN,
-                "b_sent": sqlite_now(),
-            }
-            params["b_rows"] = encode(rows)
-            asked.update(rows)
-            try:
-                result = await batches.execute(conn, kind, params)
-            except sa.exc.DBAPIError as exc:
-                if not exc.connection_invalidated:
-                    # The database answered with an error: the statement made no
-                    # claim, so there is none to look up and free (it would find
-                    # a claim of the same tick made since, and end it).
-                    for job, _ in rows:
-                        asked.pop(job, None)
-                raise
-            returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
-            fences.update((job, int(fence)) for job, fence in returned)
-            for job, _ in rows:
-                asked.pop(job, None)  # answered: claimed, or not (held, an older tick)
-
-        for chunk in chunks:
-            await each_row_alone_on_error(claim_rows, chunk, fences)
-        return fences
+        return await claim_all(batches, kind, chunks, params, fences, asked, conn)
 
     async def renew(self, job: str, fence: int) -> bool:
         params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
@@ -342,19 +346,8 @@ class SQLAlchemyStore:
         )
 
     async def prune(self) -> None:
-        sql = self._statements
-
-        async def prune(conn: AsyncConnection) -> None:
-            now = (await conn.execute(sa.select(db_now()))).scalar_one()
-            # An outbox row refuses a second hand-off of its tick: kept as long as
-            # the history, at least a day (a retry or re-claim is minutes away).
-            handed_off = now - max(self.history_max_age, _OUTBOX_KEPT)
-            await conn.execute(sql.prune_outbox, {"b_before": handed_off})
-            if self.history:
-                await conn.execute(sql.prune_old, {"b_before": now - self.history_max_age})
-                await conn.execute(sql.prune_extra, {"b_keep": self.history})
-
-        await self._operations.run(prune)
+        sql, history, max_age = self._statements, self.history, self.history_max_age
+        await self._operations.run(partial(sql.prune, history=history, max_age=max_age))
 
     # -- fencing, for the jobs' own writes ---------------------------------
 

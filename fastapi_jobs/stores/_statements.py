@@ -1,6 +1,6 @@
-"""The store's writes as SQL: claims, releases (with their history rows),
-renewals, heartbeats, pause changes, and the history's retention; and
-`Statements`, which holds them built for one database.
+"""The store's writes as SQL: claims, re-claims of abandoned hand-offs,
+releases (with their history rows), renewals, heartbeats, pause changes, and
+the history's retention; and `Statements`, which holds them built for one database.
 
 Every time comparison uses the database's clock (``_db_clock``). Statements
 name every bind ``b_...``: the batch ones (claims, releases) run as driver SQL
@@ -14,12 +14,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._batches import Compiled, rows_cte
 from ._db_clock import db_now, db_received
 from ._tables import Tables
 
 __all__ = ["Statements"]
+
+_OUTBOX_KEPT = 86400.0
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -45,10 +48,23 @@ class Statements:
         self.batches = Compiled(self._batch)
         self._tables, self._insert, self._history = tables, insert, history
 
+    async def prune(self, conn: AsyncConnection, *, history: int, max_age: float) -> None:
+        """The retention of the history (its last ``history`` runs of each job, for
+        at most ``max_age`` seconds) and of the outbox."""
+        now = (await conn.execute(sa.select(db_now()))).scalar_one()
+        # An outbox row refuses a second hand-off of its tick: kept as long as
+        # the history, at least a day (a retry or re-claim is minutes away).
+        await conn.execute(self.prune_outbox, {"b_before": now - max(max_age, _OUTBOX_KEPT)})
+        if history:
+            await conn.execute(self.prune_old, {"b_before": now - max_age})
+            await conn.execute(self.prune_extra, {"b_keep": history})
+
     def _batch(self, kind: str) -> Any:
         t = self._tables
         if kind in ("claim", "claim_manual"):
             return claim(t.claims, t.pauses, self._insert, self.dialect, manual=kind != "claim")
+        if kind == "reclaim":
+            return reclaim(t.claims, t.pauses, self.dialect)
         runs = t.runs if self._history else None
         if kind == "released_runs":
             assert runs is not None
@@ -144,13 +160,7 @@ def claim(
     if not manual:
         # A pause taken on any instance holds from the next claim on: one
         # primary-key probe per row, in the claim's own statement.
-        conditions.append(
-            ~sa.exists().where(
-                p.c.job == wanted.c.job,
-                p.c.paused == sa.true(),
-                sa.or_(p.c.until.is_(None), p.c.until > now),
-            )
-        )
+        conditions.append(_not_paused(p, wanted.c.job, now))
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -182,6 +192,44 @@ def claim(
             sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
         ),
     ).returning(c.c.job, c.c.fence)
+
+
+def _not_paused(pauses: sa.Table, job: Any, now: Any) -> Any:
+    p = pauses
+    return ~sa.exists().where(
+        p.c.job == job,
+        p.c.paused == sa.true(),
+        sa.or_(p.c.until.is_(None), p.c.until > now),
+    )
+
+
+def reclaim(claims: sa.Table, pauses: sa.Table, dialect: str) -> Any:
+    """The claim again of abandoned hand-off ticks (rows ``(job, tick)`` as in
+    ``rows_cte``): a row is taken over, with a new fence, owner and lease, only
+    while it still holds that very tick, claimed and never released, its lease
+    over on the database's clock. Only for hand-off jobs, whose enqueue is keyed
+    by the tick (a second one is refused by the queue): an in-process run is
+    never claimed twice. Paused jobs and deadlines as for `claim`."""
+    c, now = claims, db_now()
+    wanted = rows_cte("wanted", {"job": sa.String, "tick": sa.Double}, dialect)
+    return (
+        sa.update(c)
+        .where(
+            c.c.job == wanted.c.job,
+            c.c.last_tick == wanted.c.tick,
+            c.c.lease_until.is_not(None),
+            c.c.lease_until < now,
+            now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+            _not_paused(pauses, c.c.job, now),
+        )
+        .values(
+            fence=c.c.fence + sa.literal_column("1", sa.BigInteger),
+            owner=sa.bindparam("b_owner", type_=sa.String),
+            lease_until=now + sa.bindparam("b_lease", type_=sa.Double),
+            started_at=now,
+        )
+        .returning(c.c.job, c.c.fence)
+    )
 
 
 _ENDED = {
