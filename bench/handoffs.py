@@ -117,15 +117,65 @@ async def arq_ticks(socket: str, jobs: int, window: float, kind: str) -> float:
     return cpu / max(1, ticks) * 1e6
 
 
+async def procrastinate_calls(server: Any, n: int, rounds: int) -> dict[str, float]:
+    """µs of CPU per enqueue: procrastinate's ``defer_async`` (its own pool) and
+    ``ProcrastinateTask.enqueue`` through a store on asyncpg and on psycopg."""
+    from procrastinate import App, PsycopgConnector
+
+    from fastapi_jobs.queues import HandoffRequest, handoff_key
+    from fastapi_jobs.queues.procrastinate import ProcrastinateTask
+    from fastapi_jobs.stores import Instance, SQLAlchemyStore
+
+    database = server.create_database()
+    dsn = f"postgresql://postgres@127.0.0.1:{server.port}/{database}"
+    app = App(connector=PsycopgConnector(conninfo=dsn))
+    found: dict[str, list[float]] = {"library": [], "asyncpg": [], "psycopg": []}
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        task = app.task(name="noop")(lambda **kwargs: None)
+        stores = {}
+        for driver in ("asyncpg", "psycopg"):
+            store = stores[driver] = SQLAlchemyStore(server.url(database, driver))
+            await store.open({}, Instance())
+        tick = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+
+        async def library(k: int) -> None:
+            await task.defer_async(audience="all")
+
+        def adapter(driver: str) -> Callable[[int], Awaitable[Any]]:
+            handoff, outbox = ProcrastinateTask(task), stores[driver].outbox
+            offset = 0.0 if driver == "asyncpg" else 1e9  # ticks of their own
+
+            async def call(k: int) -> None:
+                at = datetime.fromtimestamp(tick + offset + k, UTC)
+                key = handoff_key("digest", at)
+                request = HandoffRequest("digest", at, key, {"audience": "all"}, {}, outbox)
+                await handoff.enqueue(request)
+
+            return call
+
+        try:
+            for r in range(rounds):
+                found["library"].append(await _cpu_per_call(library, n, r * n))
+                for driver in ("asyncpg", "psycopg"):
+                    found[driver].append(await _cpu_per_call(adapter(driver), n, r * n))
+        finally:
+            for store in stores.values():
+                await store.close()
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
 def _ran(scheduler: Any) -> int:
     return sum(status.runs for status in scheduler.status())
 
 
 def report(quick: bool = False) -> list[str]:
     sys.path.insert(0, str(ROOT))
+    from tests.support.postgres import PostgresServer
     from tests.support.redis import RedisServer
 
     calls, rounds, jobs, window = (50, 1, 10, 1.0) if quick else (2000, 5, 100, 5.0)
+    logging.getLogger("fastapi_jobs").setLevel(logging.WARNING)  # the stores' "created table"
     server = RedisServer()
     server.start()
     try:
@@ -139,11 +189,19 @@ def report(quick: bool = False) -> list[str]:
     finally:
         server.destroy()
     plain, bounded, handing = (statistics.median(per_tick[kind]) for kind in kinds)
+    postgres = PostgresServer()
+    postgres.start()
+    try:
+        deferred = asyncio.run(procrastinate_calls(postgres, calls, rounds))
+    finally:
+        postgres.destroy()
+    library = deferred["library"]
     return [
         "## Hand-offs to a queue (issue 19)",
         "",
         f"CPU on the app's side, medians of {rounds} interleaved round(s), a local "
-        "redis-server on a unix socket. Per call: "
+        "redis-server on a unix socket (arq) and a local PostgreSQL 15 (procrastinate, "
+        "its schema in the store's database). Per call: "
         f"{calls} enqueues each, a new job id each. Per tick: {jobs} jobs at 1 s for "
         f"{window:g} s, no store.",
         "",
@@ -157,6 +215,17 @@ def report(quick: bool = False) -> list[str]:
         f"| hand-off job, µs CPU per tick | {handing:.0f} |",
         f"| hand-off / ordinary bounded (target ≤ 1×) | {handing / bounded:.2f}× |",
         f"| hand-off / ordinary unbounded | {handing / plain:.2f}× |",
+        f"| procrastinate `defer_async` (the library's call), µs CPU | {library:.0f} |",
+        *(
+            row
+            for driver in ("asyncpg", "psycopg")
+            for row in (
+                f"| `ProcrastinateTask.enqueue`, a store on {driver}, µs CPU | "
+                f"{deferred[driver]:.0f} |",
+                f"| {driver}: adapter / library (target ≤ 2×) | "
+                f"{deferred[driver] / library:.2f}× |",
+            )
+        ),
     ]
 
 

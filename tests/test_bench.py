@@ -114,9 +114,10 @@ def test_an_out_that_cannot_be_the_file_is_refused_before_measuring(
     assert (tmp_path / "binary.md").read_bytes() == b"\x89PNG\r\n\x1a\n\x00\xff"
 
 
-def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object) -> None:
-    """`python -m bench.handoffs quick` (its own redis-server, as `--handoffs`
-    starts) prints its table: the library's call and the adapter's, side by side."""
+def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object, postgres: object) -> None:
+    """`python -m bench.handoffs quick` (its own redis-server and PostgreSQL, as
+    `--handoffs` starts) prints its table: each library's call and its adapter's,
+    side by side."""
     done = subprocess.run(
         [sys.executable, "-m", "bench.handoffs", "quick"],
         cwd=ROOT,
@@ -137,6 +138,11 @@ def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object) -> None:
         "hand-off job, µs CPU per tick",
         "hand-off / ordinary bounded (target ≤ 1x)",
         "hand-off / ordinary unbounded",
+        "procrastinate `defer_async` (the library's call), µs CPU",
+        "`ProcrastinateTask.enqueue`, a store on asyncpg, µs CPU",
+        "asyncpg: adapter / library (target ≤ 2x)",
+        "`ProcrastinateTask.enqueue`, a store on psycopg, µs CPU",
+        "psycopg: adapter / library (target ≤ 2x)",
     }
     assert all(float(value) > 0 for value in rows.values())
     assert "INFO" not in done.stdout + done.stderr  # the schedulers' logs kept out

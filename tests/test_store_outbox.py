@@ -29,7 +29,7 @@ def anyio_backend() -> str:
 
 async def _queue(conn: AsyncConnection) -> None:
     """A stand-in for a queue's own table in the same database (procrastinate's
-    jobs): what ``once`` inserts beside its row, in one transaction."""
+    jobs): what ``once`` inserts beside its row, in one statement."""
     await conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS queue_jobs (id INTEGER, key TEXT)")
 
 
@@ -37,58 +37,68 @@ async def _jobs(conn: AsyncConnection) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in (await conn.exec_driver_sql("SELECT id, key FROM queue_jobs"))]
 
 
+def _insert(id: int, key: str, *, sleep: float = 0.0) -> Any:
+    """The queue's insert as ``once`` takes it: a statement returning ``id``."""
+    sql = "INSERT INTO queue_jobs SELECT :id, :key FROM pg_sleep(:sleep) RETURNING id"
+    statement = sa.text(sql).columns(sa.column("id", sa.Integer))
+    return statement.bindparams(id=id, key=key, sleep=sleep)
+
+
+@pytest.fixture
+def postgres_url(database_url: str) -> str:
+    if database_url.startswith("sqlite"):
+        pytest.skip("a queue in the store's database is PostgreSQL's (SQLite: no INSERT in WITH)")
+    return database_url
+
+
 async def test_the_store_is_an_outbox(database_url: str) -> None:
     store = SQLAlchemyStore(database_url)
     assert isinstance(store.outbox, Outbox)
 
 
-async def test_once_inserts_the_task_with_its_row_and_refuses_a_second(database_url: str) -> None:
+async def test_once_on_sqlite_records_what_the_statement_returns(database_url: str) -> None:
     engine = create_async_engine(database_url)
+    select = sa.text("SELECT 7 AS id").columns(sa.column("id", sa.Integer))
+    try:
+        async with open_store(engine) as store:
+            first = await store.outbox.once("digest", TICK, "q", select)
+            second = await store.outbox.once("digest", TICK, "q", select)
+    finally:
+        await engine.dispose()
+    assert (first, second) == (("7", True), ("7", False))
+
+
+async def test_once_inserts_the_task_with_its_row_and_refuses_a_second(postgres_url: str) -> None:
+    engine = create_async_engine(postgres_url)
     try:
         async with engine.begin() as conn:
             await _queue(conn)
         async with open_store(engine) as store:
-            calls: list[str] = []
-
-            async def enqueue(conn: AsyncConnection) -> str:
-                calls.append("enqueue")
-                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (7, 'digest@t')")
-                return "7"
-
-            first = await store.outbox.once("digest", TICK, "q task", enqueue)
-            second = await store.outbox.once("digest", TICK, "q task", enqueue)
-            other = await store.outbox.once("digest", TICK.replace(hour=2), "q task", enqueue)
+            first = await store.outbox.once("digest", TICK, "q task", _insert(7, "a"))
+            second = await store.outbox.once("digest", TICK, "q task", _insert(8, "b"))
+            other = await store.outbox.once("digest", TICK.replace(hour=2), "q", _insert(9, "c"))
             assert store.outbox.dialect == engine.dialect.name
         async with engine.connect() as conn:
             jobs = await _jobs(conn)
     finally:
         await engine.dispose()
     assert first == ("7", True)
-    assert second == ("7", False)  # recorded: the queue is not asked again
-    assert other == ("7", True)  # another tick is another row
-    assert calls == ["enqueue", "enqueue"]
-    assert jobs == [(7, "digest@t"), (7, "digest@t")]
+    assert second == ("7", False)  # recorded: the queue's second insert undone
+    assert other == ("9", True)  # another tick is another row
+    assert sorted(jobs) == [(7, "a"), (9, "c")]
 
 
-async def test_once_rolls_back_both_when_the_enqueue_fails(database_url: str) -> None:
-    engine = create_async_engine(database_url)
+async def test_once_makes_neither_when_the_insert_fails(postgres_url: str) -> None:
+    engine = create_async_engine(postgres_url)
+    fails = sa.text("SELECT CAST('x' AS INTEGER) AS id").columns(sa.column("id", sa.Integer))
     try:
         async with engine.begin() as conn:
             await _queue(conn)
         async with open_store(engine) as store:
-
-            async def fails(conn: AsyncConnection) -> str:
-                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (1, 'k')")
-                raise RuntimeError("the queue refused it")
-
-            async def works(conn: AsyncConnection) -> str:
-                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (2, 'k')")
-                return "2"
-
-            with pytest.raises(RuntimeError, match="the queue refused it"):
+            with pytest.raises(sa.exc.DBAPIError):
                 await store.outbox.once("digest", TICK, "q", fails)
             # Nothing recorded: the retry enqueues.
-            assert await store.outbox.once("digest", TICK, "q", works) == ("2", True)
+            assert await store.outbox.once("digest", TICK, "q", _insert(2, "k")) == ("2", True)
         async with engine.connect() as conn:
             jobs = await _jobs(conn)
     finally:
@@ -96,41 +106,45 @@ async def test_once_rolls_back_both_when_the_enqueue_fails(database_url: str) ->
     assert jobs == [(2, "k")]
 
 
-async def test_two_concurrent_onces_enqueue_one_task(database_url: str) -> None:
+async def test_two_concurrent_onces_enqueue_one_task(postgres_url: str) -> None:
     """Two instances hand off the same tick at the same moment (a claimer that
-    was thought dead, and its peer): the second waits for the first's
-    transaction and sees it committed."""
-    engine = create_async_engine(database_url)
+    was thought dead, and its peer): whichever records the tick first has its
+    job in the queue; the other's insert is undone, and it gets that job's id."""
+    engine = create_async_engine(postgres_url)
     try:
         async with engine.begin() as conn:
             await _queue(conn)
         async with open_store(engine) as a, open_store(engine) as b:
-            inside = anyio.Event()
             results: list[tuple[str, bool]] = []
 
-            async def slow(conn: AsyncConnection) -> str:
-                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (1, 'a')")
-                inside.set()
-                await anyio.sleep(0.3)  # b's transaction now waits on this one's row
-                return "1"
-
-            async def fast(conn: AsyncConnection) -> str:
-                await conn.exec_driver_sql("INSERT INTO queue_jobs VALUES (2, 'b')")
-                return "2"
-
             async def second() -> None:
-                await inside.wait()
-                results.append(await b.outbox.once("digest", TICK, "q", fast))
+                await anyio.sleep(0.1)  # a's statement sleeps in the database meanwhile
+                results.append(await b.outbox.once("digest", TICK, "q", _insert(2, "b")))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(second)
-                results.append(await a.outbox.once("digest", TICK, "q", slow))
+                results.append(await a.outbox.once("digest", TICK, "q", _insert(1, "a", sleep=1)))
         async with engine.connect() as conn:
             jobs = await _jobs(conn)
     finally:
         await engine.dispose()
-    assert sorted(results) == [("1", False), ("1", True)]
-    assert jobs == [(1, "a")]
+    assert len(jobs) == 1
+    [(winner, _)] = jobs
+    assert sorted(results) == [(str(winner), False), (str(winner), True)]
+
+
+async def test_once_takes_over_a_tick_recorded_as_sending(database_url: str) -> None:
+    """A tick recorded as about to be sent elsewhere (``sending``) and never
+    marked sent is not a tick handed off: ``once`` records its own insert."""
+    engine = create_async_engine(database_url)
+    select = sa.text("SELECT 5 AS id").columns(sa.column("id", sa.Integer))
+    try:
+        async with open_store(engine) as store:
+            assert await store.outbox.sending("digest", TICK, "other") is None
+            assert await store.outbox.once("digest", TICK, "q", select) == ("5", True)
+            assert await store.outbox.sending("digest", TICK, "other") == "5"
+    finally:
+        await engine.dispose()
 
 
 async def test_sending_then_sent_refuses_later_sends(database_url: str) -> None:

@@ -14,7 +14,7 @@ whether the tick was handed off already.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
@@ -32,22 +32,19 @@ class Outbox(Protocol):
     does not (Celery's brokers): the row says whether a send went through.
     """
 
-    dialect: str
-    """The database's: ``"postgresql"`` or ``"sqlite"``."""
+    @property
+    def dialect(self) -> str:
+        """The database's: ``"postgresql"`` or ``"sqlite"`` (``""`` until the store opens)."""
+        ...
 
-    async def once(
-        self,
-        job: str,
-        tick: datetime,
-        queue: str,
-        enqueue: Callable[[Any], Awaitable[str]],
-    ) -> tuple[str, bool]:
-        """In one transaction: record (job, tick) and call ``enqueue(conn)`` with
-        its connection (a SQLAlchemy ``AsyncConnection``), which puts the task
-        in the same database and returns the queue's job id. Returns that id
-        and True; or, when (job, tick) was handed off before (committed by
-        anyone), the id recorded then and False, without calling ``enqueue``.
-        What ``enqueue`` raises rolls both back and is raised."""
+    async def once(self, job: str, tick: datetime, queue: str, insert: Any) -> tuple[str, bool]:
+        """In one statement, so in one transaction: ``insert``, which puts the
+        task in the same database (a SQLAlchemy statement returning the new
+        job's id as its one column ``id``, e.g. ``text(...).columns(id=...)``),
+        and the record of (job, tick). Returns that id and True; or, when (job,
+        tick) was handed off before (committed by anyone), the id recorded then
+        and False, with the insert undone. What the database raises is raised,
+        and neither is made."""
         ...
 
     async def sending(self, job: str, tick: datetime, queue: str) -> str | None:

@@ -37,8 +37,8 @@ __all__ = ["ProcrastinateTask"]
 
 _DEFER = sa.text(
     "SELECT unnest(procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, :priority, :lock, "
-    "NULL, CAST(:args AS jsonb), NULL)]::procrastinate_job_to_defer_v1[]))"
-)
+    "NULL, CAST(:args AS jsonb), NULL)]::procrastinate_job_to_defer_v1[])) AS id"
+).columns(sa.column("id", sa.BigInteger))
 """One job, as procrastinate's ``defer_async`` inserts it: no queueing lock, due now."""
 
 _NO_SCHEMA = {"42883", "42704"}  # undefined_function, undefined_object (the row type)
@@ -131,21 +131,18 @@ class ProcrastinateTask:
             "args": json.dumps(dict(request.kwargs), allow_nan=False),
         }
 
-        async def defer(conn: Any) -> str:
-            try:
-                return str((await conn.execute(_DEFER, params)).scalar_one())
-            except sa.exc.DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) in _NO_SCHEMA:
-                    raise RuntimeError(
-                        f"the store's database has no procrastinate schema (or one older "
-                        f"than 3.2): apply it there (procrastinate schema --apply, with the "
-                        f"app's connector on that database), or give {self.name} a store "
-                        "on the database that holds it"
-                    ) from None
-                raise
-
+        defer = _DEFER.bindparams(**params)
         try:
             job_id, _ = await outbox.once(request.job, request.tick, self.name, defer)
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) in _NO_SCHEMA:
+                raise RuntimeError(
+                    f"the store's database has no procrastinate schema (or one older "
+                    f"than 3.2): apply it there (procrastinate schema --apply, with the "
+                    f"app's connector on that database), or give {self.name} a store "
+                    "on the database that holds it"
+                ) from None
+            raise
         except TimeoutError:
             # The store's operation deadline (twice its timeout) ended the
             # transaction: the tick is recorded with its job, or neither is.

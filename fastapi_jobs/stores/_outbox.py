@@ -4,7 +4,7 @@ A queue that cannot refuse a second task under the same key by itself (Celery's
 brokers), or whose refusal does not last (procrastinate's ``queueing_lock``),
 is made idempotent here: one row per (job, tick) in ``<prefix>handoffs``.
 
-- ``once``: the row and the queue's own insert commit in one transaction (a
+- ``once``: the row and the queue's own insert commit in one statement (a
   queue in the same database): a tick is in the queue once, whoever retries.
 - ``sending``/``sent``: a send to a queue elsewhere is recorded after it went
   through; only a crash between the two leaves a tick to be sent again.
@@ -15,8 +15,7 @@ the row and sends nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
 from ._db_clock import db_now
-from ._operations import NOT_OPEN, Operations, transaction
+from ._operations import NOT_OPEN, Operations
 from ._tables import Tables
 
 __all__ = ["StoreOutbox"]
@@ -48,10 +47,9 @@ class StoreOutbox:
         engine = self._ops.engine
         return "" if engine is None else engine.dialect.name
 
-    def _upsert(self, job: str, tick: datetime, queue: str, *, pending_only: bool) -> Any:
+    def _upsert(self, job: str, tick: datetime, queue: str) -> Any:
         """The row of (job, tick), inserted if absent; returns its ``sent_at``
-        and ``queue_id`` (with ``pending_only``: only if it was not sent, and
-        then it is locked until the transaction ends)."""
+        and ``queue_id``."""
         h = self._table
         if not self.dialect:
             raise StoreError(NOT_OPEN)
@@ -61,40 +59,57 @@ class StoreOutbox:
         return new.on_conflict_do_update(
             index_elements=[h.c.job, h.c.tick],
             set_={"queue": h.c.queue},  # unchanged: an upsert only to return (and lock) the row
-            where=h.c.sent_at.is_(None) if pending_only else None,
         ).returning(h.c.sent_at, h.c.queue_id)
 
     def _of(self, job: str, tick: datetime) -> sa.ColumnElement[bool]:
         h = self._table
         return sa.and_(h.c.job == job, h.c.tick == tick.timestamp())
 
-    async def once(
-        self,
-        job: str,
-        tick: datetime,
-        queue: str,
-        enqueue: Callable[[Any], Awaitable[str]],
-    ) -> tuple[str, bool]:
-        upsert = self._upsert(job, tick, queue, pending_only=True)
+    async def once(self, job: str, tick: datetime, queue: str, insert: Any) -> tuple[str, bool]:
         h = self._table
+        handed = insert.cte("handed")
+        now = db_now()
+        # One statement, so one transaction even on the store's AUTOCOMMIT
+        # engine: the queue's insert, then the record of the tick, which a
+        # record committed before (a retry, a peer that claimed the tick again)
+        # refuses as a duplicate key, undoing the queue's insert with it. A
+        # peer's statement in flight for the same tick holds the key until it
+        # ends: this one then sees its outcome.
+        record = (
+            sa.insert(h)
+            .from_select(
+                ["job", "tick", "queue", "queue_id", "created_at", "sent_at"],
+                sa.select(
+                    sa.literal(job, sa.String),
+                    sa.literal(tick.timestamp(), sa.Double),
+                    sa.literal(queue[:_QUEUE_NAME], sa.String),
+                    sa.cast(handed.c.id, sa.String),
+                    now,
+                    now,
+                ),
+            )
+            .returning(h.c.queue_id)
+        )
+        recorded = sa.select(h.c.queue_id, h.c.sent_at).where(self._of(job, tick))
+        pending = sa.delete(h).where(self._of(job, tick), h.c.sent_at.is_(None))
 
         async def op(conn: AsyncConnection) -> tuple[str, bool]:
-            async with _transaction(conn):
-                # A peer's transaction for the same tick holds the row until it
-                # ends; then this sees its outcome: sent (nothing returned), or
-                # rolled back (the row is this one's to insert).
-                if (await conn.execute(upsert)).first() is None:
-                    sent = sa.select(h.c.queue_id).where(self._of(job, tick))
-                    return str(await conn.scalar(sent) or ""), False
-                queue_id = str(await enqueue(conn))
-                done = sa.update(h).where(self._of(job, tick))
-                await conn.execute(done.values(queue_id=queue_id, sent_at=db_now()))
-                return queue_id, True
+            for _ in range(2):
+                try:
+                    return str((await conn.execute(record)).scalar_one()), True
+                except sa.exc.IntegrityError:
+                    row = (await conn.execute(recorded)).first()
+                if row is not None and row.sent_at is not None:
+                    return str(row.queue_id or ""), False
+                # Recorded as about to be sent (`sending`, a send elsewhere that
+                # never said it went through), or gone since: this insert decides.
+                await conn.execute(pending)
+            raise StoreError(f"the outbox's record of {job!r} at {tick} keeps changing")
 
         return await self._ops.run(op)
 
     async def sending(self, job: str, tick: datetime, queue: str) -> str | None:
-        upsert = self._upsert(job, tick, queue, pending_only=False)
+        upsert = self._upsert(job, tick, queue)
         row = await self._ops.run(lambda conn: _first(conn, upsert))
         sent_at, queue_id = row
         return None if sent_at is None else str(queue_id or "")
@@ -133,17 +148,3 @@ async def _all(conn: AsyncConnection, statement: Any) -> list[Any]:
 
 async def _first(conn: AsyncConnection, statement: Any) -> Any:
     return (await conn.execute(statement)).one()
-
-
-@asynccontextmanager
-async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
-    """A transaction on a connection of the store's AUTOCOMMIT engine."""
-    if conn.dialect.name == "sqlite":
-        async with transaction(conn):
-            yield
-        return
-    # This connection leaves AUTOCOMMIT for one transaction (the store's engine
-    # sets it again on every checkout).
-    await conn.execution_options(isolation_level="READ COMMITTED")
-    async with conn.begin():
-        yield
