@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
@@ -27,7 +27,7 @@ from kombu.exceptions import OperationalError  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 
 from fastapi_jobs import ConfigurationError, JobContext, Scheduler
-from fastapi_jobs.queues import HandoffRequest, Outbox, handoff_key
+from fastapi_jobs.queues import HandoffRequest, handoff_key
 from fastapi_jobs.queues.celery import CeleryTask
 
 from .conftest import open_store, serve
@@ -321,9 +321,7 @@ async def test_a_tick_recorded_as_sent_is_not_sent_again(
         runs = await _store_runs(engine, "digest")
         key = handoff_key("digest", ticks[0])
         async with open_store(engine) as peer:  # a second scheduler's store
-            again = HandoffRequest(
-                "digest", ticks[0], key, {}, {"celery": app}, cast(Outbox, peer.outbox)
-            )
+            again = HandoffRequest("digest", ticks[0], key, {}, {"celery": app}, peer.outbox)
             assert await task.enqueue(again) == key
         await poll(lambda: _count(worker, r, 1), within=30)
         await anyio.sleep(1)  # a second send, if any, would arrive meanwhile
