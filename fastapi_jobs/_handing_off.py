@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -37,7 +39,14 @@ def handing_off(
     tick's key (``outbox``: the scheduler's store's, for the queues that need
     it). What either raises is the run's failure."""
 
+    tried = [math.nan]  # the tick this process last tried to hand off
+
     async def hand_off(ctx: JobContext) -> None:
+        tick = ctx.tick.timestamp()
+        maybe_sent = tick == tried[0]  # a retry: the first attempt may have gone through
+        tried[0] = tick
+        if outbox is not None and not maybe_sent:
+            maybe_sent = time.time() - tick >= outbox.lease / 2
         args = (ctx,) if takes_context else ()
         if is_async:
             kwargs = await func(*args)
@@ -47,7 +56,7 @@ def handing_off(
             kwargs = await anyio.to_thread.run_sync(func, *args)
         checked = _kwargs(name, kwargs)
         key = handoff_key(name, ctx.tick)
-        request = HandoffRequest(name, ctx.tick, key, checked, ctx.state, outbox)
+        request = HandoffRequest(name, ctx.tick, key, checked, ctx.state, outbox, maybe_sent)
         job_id = await handoff.enqueue(request)
         ctx.logger.debug(
             "job %r handed tick %s to %s as %r",

@@ -175,6 +175,7 @@ async def test_three_instances_hand_each_tick_off_once(
     """Three instances sharing one SQLite store hand one job off for a window:
     each tick is claimed by one of them, enqueued once and run once."""
     handed: list[tuple[datetime, int]] = []
+    schedulers: list[Scheduler] = []
     async with (
         arq_pool(redis) as pool,
         engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
@@ -182,6 +183,7 @@ async def test_three_instances_hand_each_tick_off_once(
     ):
         for i in range(3):
             scheduler = instance(engine)
+            schedulers.append(scheduler)
 
             async def digest(ctx: JobContext, who: int = i) -> dict[str, object]:
                 handed.append((ctx.tick, who))
@@ -192,6 +194,9 @@ async def test_three_instances_hand_each_tick_off_once(
             await stack.enter_async_context(scheduler.running({"db": engine, "arq": pool}))
             await anyio.sleep(0.07 * i)  # instances start at different moments
         await poll(lambda: len(handed) >= 10, within=30)
+        # The instances compete for the ticks (which wins each is the database's
+        # timing: one may win them all).
+        lost = sum(s.job_status("digest").skipped.get("claimed_elsewhere", 0) for s in schedulers)
         await stack.aclose()  # every instance stops; runs in flight end first
         await poll(lambda: _count(worker, pool, len(handed)), within=30)
         executions = await worker.executions(pool)
@@ -199,7 +204,7 @@ async def test_three_instances_hand_each_tick_off_once(
     ticks = [tick for tick, _ in handed]
     assert len(ticks) == len(set(ticks)), "a tick was handed off twice"
     assert _by_key(executions) == {handoff_key("digest", tick): 1 for tick in ticks}
-    assert len({who for _, who in handed}) >= 2, "one instance took every tick"
+    assert lost >= len(handed), "the instances did not compete for the ticks"
 
 
 async def test_a_frozen_redis_fails_the_runs_and_nothing_runs_twice(

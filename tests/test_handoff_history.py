@@ -4,13 +4,15 @@ recorded for one that makes its own (procrastinate)."""
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
-from fastapi_jobs import Scheduler
+from fastapi_jobs import JobContext, Scheduler
 from fastapi_jobs.metrics import instrument
 from fastapi_jobs.queues import HandoffRequest, handoff_key
 
@@ -108,3 +110,39 @@ def test_the_metrics_say_which_jobs_hand_off_and_where() -> None:
     assert [key for key in samples if key[0] == "fastapi_jobs_hand_off"] == [
         ("fastapi_jobs_hand_off", (("job_name", "digest"), ("queue", "keyed queue")))
     ]
+
+
+class Flaky:
+    """Fails its first enqueue; records what each attempt was told."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.told: list[bool] = []
+
+    async def enqueue(self, request: HandoffRequest) -> str:
+        self.told.append(request.maybe_sent)
+        if len(self.told) == 1:
+            raise ConnectionError("the answer was lost")
+        return request.key
+
+
+async def test_only_a_retry_or_an_old_tick_may_have_been_sent(tmp_path: Path) -> None:
+    """``maybe_sent`` is False for the first attempt of a tick just claimed (a
+    queue without a refusal of its own skips its lookup), True for its retry and
+    for a tick older than half the store's lease (one claimed again after its
+    claimer died)."""
+    flaky = Flaky()
+    async with engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine:
+        scheduler = instance(engine, lease=30)
+        scheduler.every(hours=1, name="digest", enqueue=flaky, retries=1, retry_backoff=0)(
+            lambda: None
+        )
+        async with scheduler.running({"db": engine}):
+            result = await (await scheduler.trigger("digest")).wait()
+            assert result is not None and result.outcome == "ok"
+            assert flaky.told == [False, True]
+            old = datetime.now(UTC) - timedelta(seconds=16)
+            context = JobContext("digest", old, {}, logging.getLogger("test"))
+            await scheduler.jobs["digest"].func(context)
+    assert flaky.told == [False, True, True]

@@ -155,7 +155,7 @@ async def test_sending_then_sent_refuses_later_sends(database_url: str) -> None:
             assert await outbox.sending("digest", TICK, "celery task x") is None
             # Not recorded as sent (the send failed, or the sender died): sent again.
             assert await outbox.sending("digest", TICK, "celery task x") is None
-            await outbox.sent("digest", TICK, "digest@2026-03-02T01:00:00Z")
+            await outbox.sent("digest", TICK, "celery task x", "digest@2026-03-02T01:00:00Z")
             assert await outbox.sending("digest", TICK, "celery task x") == (
                 "digest@2026-03-02T01:00:00Z"
             )
@@ -215,3 +215,16 @@ async def test_a_queue_name_longer_than_its_column_is_cut_not_refused(database_u
     finally:
         await engine.dispose()
     assert queue == ("celery task " + "x" * 500)[:200]
+
+
+async def test_sent_records_a_tick_never_looked_up(database_url: str) -> None:
+    """The first attempt of a tick just claimed sends without a lookup: its
+    record is made by ``sent`` alone, and a later lookup finds it."""
+    engine = create_async_engine(database_url)
+    try:
+        async with open_store(engine, lease=12, timeout=2) as store:
+            assert store.outbox.lease == 12
+            await store.outbox.sent("digest", TICK, "celery task x", "digest@t")
+            assert await store.outbox.sending("digest", TICK, "celery task x") == "digest@t"
+    finally:
+        await engine.dispose()

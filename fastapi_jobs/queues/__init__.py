@@ -47,13 +47,19 @@ class Outbox(Protocol):
         and neither is made."""
         ...
 
+    lease: float
+    """Seconds the store holds a claim without renewal: a tick older than half
+    of it may be one a peer claimed again after its claimer died (see
+    `HandoffRequest.maybe_sent`)."""
+
     async def sending(self, job: str, tick: datetime, queue: str) -> str | None:
-        """Before a send to a queue elsewhere: record (job, tick) as about to be
-        sent (if it is not recorded yet). Returns the queue's job id if a send
-        of it went through before (then send nothing), else None."""
+        """Before a send to a queue elsewhere that may have been made before
+        (`HandoffRequest.maybe_sent`): record (job, tick) as about to be sent
+        (if it is not recorded yet). Returns the queue's job id if a send of it
+        went through before (then send nothing), else None."""
         ...
 
-    async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
+    async def sent(self, job: str, tick: datetime, queue: str, queue_id: str) -> None:
         """After a send went through: record it (a retry or a peer then sends
         nothing). A crash between the send and this leaves the tick to be sent
         again, under the same key."""
@@ -84,6 +90,11 @@ class HandoffRequest:
     """What the app's lifespan yielded (where the app keeps its queue client)."""
     outbox: Outbox | None = None
     """The store's `Outbox`, or None (no store, or one without an outbox)."""
+    maybe_sent: bool = True
+    """Whether an earlier attempt may have put this tick in the queue: a retry
+    within the run, a tick older than half the store's lease (claimed again
+    after its claimer died, or caught up). False for the first attempt of a
+    tick just claimed, which a queue without its own refusal need not look up."""
 
 
 @runtime_checkable

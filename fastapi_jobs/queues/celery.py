@@ -112,7 +112,9 @@ class CeleryTask:
         records it sent; its task id either way."""
         app = self._celery(request.state)  # a wrong app= fails before the store is written
         outbox = request.outbox
-        if outbox is not None:
+        if outbox is not None and request.maybe_sent:
+            # Only a retry, or a tick claimed again after its claimer died, may
+            # find it sent: the first attempt of a fresh claim needs no lookup.
             recorded = await outbox.sending(request.job, request.tick, self.name)
             if recorded is not None:
                 return recorded  # a retry's, or a peer's: sent before
@@ -120,7 +122,7 @@ class CeleryTask:
         if outbox is not None:
             # A crash (or a store failure) before this leaves the tick to be sent
             # again under the same task id: the window the docs tell the task of.
-            await outbox.sent(request.job, request.tick, task_id)
+            await outbox.sent(request.job, request.tick, self.name, task_id)
         return task_id
 
     def _celery(self, state: Mapping[str, Any]) -> Celery:

@@ -37,9 +37,10 @@ _QUEUE_NAME = 200
 class StoreOutbox:
     """``fastapi_jobs.queues.Outbox`` on the store's ``handoffs`` table."""
 
-    def __init__(self, operations: Operations, tables: Tables) -> None:
+    def __init__(self, operations: Operations, tables: Tables, lease: float) -> None:
         self._ops = operations
         self._table = tables.handoffs
+        self.lease = lease
 
     @property
     def dialect(self) -> str:
@@ -114,11 +115,14 @@ class StoreOutbox:
         sent_at, queue_id = row
         return None if sent_at is None else str(queue_id or "")
 
-    async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
-        done = (
-            sa.update(self._table)
-            .where(self._of(job, tick))
-            .values(queue_id=queue_id, sent_at=db_now())
+    async def sent(self, job: str, tick: datetime, queue: str, queue_id: str) -> None:
+        h = self._table
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        row = {"job": job, "tick": tick.timestamp(), "queue": queue[:_QUEUE_NAME]}
+        done = insert(h).values(**row, queue_id=queue_id, created_at=db_now(), sent_at=db_now())
+        done = done.on_conflict_do_update(
+            index_elements=[h.c.job, h.c.tick],
+            set_={"queue_id": done.excluded.queue_id, "sent_at": done.excluded.sent_at},
         )
         await self._ops.run(lambda conn: conn.execute(done))
 

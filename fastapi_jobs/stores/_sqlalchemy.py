@@ -106,7 +106,7 @@ class SQLAlchemyStore:
         self._instance: Instance | None = None
         self._sql: Statements | None = None  # built for the engine's dialect at open()
         self._operations = Operations(self.timeout, self._prepare)
-        self.outbox = StoreOutbox(self._operations, self.tables)  # for hand-offs: queues.Outbox
+        self.outbox = StoreOutbox(self._operations, self.tables, self.lease)  # queues.Outbox
 
     # -- life -------------------------------------------------------------
 

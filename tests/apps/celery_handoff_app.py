@@ -51,7 +51,7 @@ class HeldOutbox:
     """The store's outbox, whose record of the send blocks for good (``send``)."""
 
     def __init__(self, outbox: Outbox) -> None:
-        self.outbox, self.dialect = outbox, outbox.dialect
+        self.outbox, self.dialect, self.lease = outbox, outbox.dialect, outbox.lease
 
     async def once(self, *args: Any) -> tuple[str, bool]:
         return await self.outbox.once(*args)
@@ -64,7 +64,7 @@ class HeldOutbox:
     ) -> Mapping[tuple[str, float], str]:
         return await self.outbox.queue_ids(ticks)
 
-    async def sent(self, job: str, tick: datetime, queue_id: str) -> None:
+    async def sent(self, job: str, tick: datetime, queue: str, queue_id: str) -> None:
         await anyio.Path(f"{BLOCK}.sent").write_text(queue_id)
         await anyio.sleep_forever()
 
