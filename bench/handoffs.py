@@ -165,6 +165,59 @@ async def procrastinate_calls(server: Any, n: int, rounds: int) -> dict[str, flo
     return {name: statistics.median(values) for name, values in found.items()}
 
 
+async def celery_calls(socket: str, postgres: Any, n: int, rounds: int) -> dict[str, float]:
+    """µs of CPU per send: Celery's ``send_task`` called directly, and in a
+    worker thread (as an async app must call it: it blocks); ``CeleryTask.enqueue``
+    without a store, and with a store on PostgreSQL (asyncpg) recording each send."""
+    import anyio
+    from celery import Celery  # type: ignore[import-untyped]
+
+    from fastapi_jobs.queues import HandoffRequest, handoff_key
+    from fastapi_jobs.queues.celery import CeleryTask
+    from fastapi_jobs.stores import Instance, SQLAlchemyStore
+
+    app = Celery("bench", broker=f"redis+socket://{socket}")
+    app.conf.broker_transport_options = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    store = SQLAlchemyStore(postgres.url(postgres.create_database(), "asyncpg"))
+    await store.open({}, Instance())
+    task = CeleryTask("noop", app=app)
+    tick = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+
+    def send(k: int) -> None:
+        app.send_task("noop", kwargs={"audience": "all"}, task_id=f"lib-{k}")
+
+    async def direct(k: int) -> None:
+        send(k)
+
+    async def threaded(k: int) -> None:
+        await anyio.to_thread.run_sync(send, k)
+
+    def adapter(outbox: Any, offset: float) -> Callable[[int], Awaitable[Any]]:
+        async def call(k: int) -> None:
+            at = datetime.fromtimestamp(tick + offset + k, UTC)
+            key = handoff_key("digest", at)
+            request = HandoffRequest("digest", at, key, {"audience": "all"}, {}, outbox, False)
+            await task.enqueue(request)
+
+        return call
+
+    calls = {
+        "direct": direct,
+        "threaded": threaded,
+        "no store": adapter(None, 0.0),
+        "store": adapter(store.outbox, 1e9),
+    }
+    found: dict[str, list[float]] = {name: [] for name in calls}
+    try:
+        for r in range(rounds):
+            for name, call in calls.items():
+                found[name].append(await _cpu_per_call(call, n, r * n))
+    finally:
+        await store.close()
+        app.close()
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
 def _ran(scheduler: Any) -> int:
     return sum(status.runs for status in scheduler.status())
 
@@ -191,17 +244,21 @@ def report(quick: bool = False) -> list[str]:
     plain, bounded, handing = (statistics.median(per_tick[kind]) for kind in kinds)
     postgres = PostgresServer()
     postgres.start()
+    server = RedisServer()
+    server.start()
     try:
         deferred = asyncio.run(procrastinate_calls(postgres, calls, rounds))
+        sent = asyncio.run(celery_calls(str(server.socket), postgres, calls, rounds))
     finally:
         postgres.destroy()
+        server.destroy()
     library = deferred["library"]
     return [
         "## Hand-offs to a queue (issue 19)",
         "",
         f"CPU on the app's side, medians of {rounds} interleaved round(s), a local "
-        "redis-server on a unix socket (arq) and a local PostgreSQL 15 (procrastinate, "
-        "its schema in the store's database). Per call: "
+        "redis-server on a unix socket (arq; Celery's broker) and a local PostgreSQL 15 "
+        "(procrastinate, its schema in the store's database; Celery's outbox). Per call: "
         f"{calls} enqueues each, a new job id each. Per tick: {jobs} jobs at 1 s for "
         f"{window:g} s, no store.",
         "",
@@ -226,6 +283,16 @@ def report(quick: bool = False) -> list[str]:
                 f"{deferred[driver] / library:.2f}× |",
             )
         ),
+        f"| Celery `send_task` (the library's call), µs CPU | {sent['direct']:.0f} |",
+        f"| Celery `send_task` in a worker thread (an async app's call), µs CPU | "
+        f"{sent['threaded']:.0f} |",
+        f"| `CeleryTask.enqueue`, no store, µs CPU | {sent['no store']:.0f} |",
+        f"| `CeleryTask.enqueue`, its send recorded in a store on asyncpg, µs CPU | "
+        f"{sent['store']:.0f} |",
+        f"| Celery: adapter without a store / threaded call (target ≤ 2×) | "
+        f"{sent['no store'] / sent['threaded']:.2f}× |",
+        f"| Celery: adapter with a store / threaded call (target ≤ 2×) | "
+        f"{sent['store'] / sent['threaded']:.2f}× |",
     ]
 
 

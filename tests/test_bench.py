@@ -143,6 +143,12 @@ def test_the_handoffs_bench_runs_on_a_tiny_n(redis: object, postgres: object) ->
         "asyncpg: adapter / library (target ≤ 2x)",
         "`ProcrastinateTask.enqueue`, a store on psycopg, µs CPU",
         "psycopg: adapter / library (target ≤ 2x)",
+        "Celery `send_task` (the library's call), µs CPU",
+        "Celery `send_task` in a worker thread (an async app's call), µs CPU",
+        "`CeleryTask.enqueue`, no store, µs CPU",
+        "`CeleryTask.enqueue`, its send recorded in a store on asyncpg, µs CPU",
+        "Celery: adapter without a store / threaded call (target ≤ 2x)",
+        "Celery: adapter with a store / threaded call (target ≤ 2x)",
     }
     assert all(float(value) > 0 for value in rows.values())
     assert "INFO" not in done.stdout + done.stderr  # the schedulers' logs kept out
