@@ -127,7 +127,7 @@ def _exit_code(scheduler: Scheduler, name: str, result: RunResult | None) -> int
         said = (
             ""
             if handoff is None
-            else f"; handed to {handoff.name} as {handoff_key(name, result.tick)!r}"
+            else f"; handed to {handoff.name} under the key {handoff_key(name, result.tick)!r}"
         )
         logger.info("job %r: ok in %.3fs%s", name, result.duration_s, said)
         return OK

@@ -90,7 +90,7 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
         )
     try:
         # Strict JSON (no NaN): what every queue can carry, whatever it serialises with.
-        json.dumps(kwargs, allow_nan=False)
+        encoded = json.dumps(kwargs, allow_nan=False)
     except RecursionError:
         raise TypeError(f"hand-off job {name!r} returned kwargs nested too deep for JSON") from None
     except (TypeError, ValueError) as exc:
@@ -99,4 +99,7 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
             "plain values (str, int, float, bool, None, lists and dicts of them), e.g. "
             "ctx.tick.isoformat() for the tick"
         ) from None
-    return kwargs
+    # As JSON gives them back: every queue's task then gets the same values (a
+    # tuple would reach an arq task as a tuple, a Celery one as a list).
+    parsed: Mapping[str, Any] = json.loads(encoded)
+    return parsed

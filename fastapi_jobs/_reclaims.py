@@ -137,8 +137,8 @@ class Reclaims:
                     answer = await store.reclaim(asked)
             except Exception as exc:  # noqa: BLE001 - asked again a lease later
                 self.logger.warning(
-                    "store: could not claim again %d abandoned hand-off tick(s) (%r); "
-                    "asked again after a lease",
+                    "store: could not check %d hand-off tick(s) claimed elsewhere, in case "
+                    "their claimer died (%r); checked again after a lease",
                     len(asked),
                     exc,
                 )

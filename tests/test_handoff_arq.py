@@ -501,7 +501,9 @@ async def test_the_cli_hands_the_current_tick_off_once(redis: RedisServer, tmp_p
 
     try:
         first = await anyio.to_thread.run_sync(cli)
-        said = re.search(r"handed to arq task send_digest as '(digest@[^']+)'", first.stderr)
+        said = re.search(
+            r"handed to arq task send_digest under the key '(digest@[^']+)'", first.stderr
+        )
         assert first.returncode == 0 and said, first.stderr
         key = said.group(1)
         await poll(lambda: f"{key}: digest for all" in log.read_text(), within=30)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 import os
 import signal
@@ -582,3 +583,39 @@ async def _worked_tick_at_least(worker: Worker, r: Redis, tick: float) -> bool:
         datetime.fromisoformat(entry["kwargs"]["tick"]).timestamp() >= tick
         for entry in await worker.executions(r)
     )
+
+
+async def test_a_send_the_store_cannot_record_is_an_ok_run_and_a_warning(
+    redis: RedisServer, worker: Worker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store made before the outbox (``create_tables=False``, no outbox
+    table): the send goes out and its record fails; the tick is in the broker,
+    so the run is ok (not retried into a second send), and the log says why a
+    later retry could send it again."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}"
+    async with celery_app(redis) as app, redis_client(redis) as r, engine_for(url) as engine:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("DROP TABLE fastapi_jobs_handoffs")
+        scheduler = instance(engine, create_tables=False)
+        scheduler.every(hours=1, name="digest", enqueue=_task(worker), retries=2)(lambda: None)
+        with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+            async with scheduler.running({"db": engine, "celery": app}):
+                result = await (await scheduler.trigger("digest")).wait()
+        await poll(lambda: _count(worker, r, 1), within=30)
+        executions = await worker.executions(r)
+    assert result is not None and result.outcome == "ok" and result.attempts == 1
+    assert len(executions) == 1
+    assert "but the store could not record it" in caplog.text
+
+
+async def test_a_kwarg_named_self_fails_the_run_before_sending() -> None:
+    """``self`` is a bound task's own (bind=True): a job returning it would make
+    the task fail in the worker, so the run fails here, saying so."""
+    scheduler = Scheduler()
+    app = Celery("fj_unused", broker="memory://")
+    app.conf.broker_transport_options = {"socket_timeout": 1}
+    task = CeleryTask("fj.record", app=app)
+    scheduler.every(hours=1, name="digest", enqueue=task)(lambda: {"self": 1})
+    result = await scheduler.run_now("digest")
+    app.close()
+    assert result.outcome == "failed" and "'self' is the bound task's own" in str(result.error)

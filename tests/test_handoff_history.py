@@ -146,3 +146,19 @@ async def test_only_a_retry_or_an_old_tick_may_have_been_sent(tmp_path: Path) ->
             context = JobContext("digest", old, {}, logging.getLogger("test"))
             await scheduler.jobs["digest"].func(context)
     assert flaky.told == [False, True, True]
+
+
+async def test_the_task_gets_the_kwargs_as_json_gives_them_back() -> None:
+    """A tuple becomes a list before any queue sees it: every queue's task gets
+    the same values (arq would pickle the tuple, Celery send a list)."""
+    seen: list[dict[str, object]] = []
+
+    class Seeing(Keyed):
+        async def enqueue(self, request: HandoffRequest) -> str:
+            seen.append(dict(request.kwargs))
+            return request.key
+
+    scheduler = Scheduler()
+    scheduler.every(hours=1, name="digest", enqueue=Seeing())(lambda: {"pair": (1, 2)})
+    assert (await scheduler.run_now("digest")).outcome == "ok"
+    assert seen == [{"pair": [1, 2]}]

@@ -190,7 +190,8 @@ async def test_missing_tables_are_logged_as_not_usable(
             await poll(lambda: scheduler.job_status("job").skipped.get("store_unavailable", 0) >= 2)
     assert (
         "store not usable, tick skipped for 1 job(s) ('job'): table(s) fastapi_jobs_claims, "
-        "fastapi_jobs_instances, fastapi_jobs_pauses, fastapi_jobs_runs do not exist, and "
+        "fastapi_jobs_instances, fastapi_jobs_pauses, fastapi_jobs_runs, fastapi_jobs_handoffs "
+        "(the hand-offs' outbox) do not exist, and "
         "create_tables=False" in caplog.text
     )
     assert "unreachable" not in caplog.text

@@ -16,6 +16,7 @@ the retries, with the same key).
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -34,6 +35,8 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
     raise missing_extra("fastapi_jobs.queues.celery", "Celery", "celery", "celery") from exc
 
 __all__ = ["CeleryTask"]
+
+logger = logging.getLogger("fastapi_jobs.queues")
 
 _FAIL_FAST = {"max_retries": 0}
 """Per send: one attempt. Celery's default retries a refused connection three
@@ -118,11 +121,26 @@ class CeleryTask:
             recorded = await outbox.sending(request.job, request.tick, self.name)
             if recorded is not None:
                 return recorded  # a retry's, or a peer's: sent before
+        if "self" in request.kwargs:
+            raise TypeError(
+                "the task's keyword argument 'self' is the bound task's own (bind=True, "
+                "self.request.id is the tick's key): rename it"
+            )
         task_id = await self._send(app, request.key, dict(request.kwargs))
         if outbox is not None:
             # A crash (or a store failure) before this leaves the tick to be sent
             # again under the same task id: the window the docs tell the task of.
-            await outbox.sent(request.job, request.tick, self.name, task_id)
+            try:
+                await outbox.sent(request.job, request.tick, self.name, task_id)
+            except Exception as exc:  # noqa: BLE001 - the tick is in the broker: the run is ok
+                logger.warning(
+                    "%s: sent %r, but the store could not record it (%r): a retry of the "
+                    "tick, or a peer that claims it again, sends it again under the same "
+                    "task_id",
+                    self.name,
+                    task_id,
+                    exc,
+                )
         return task_id
 
     def _celery(self, state: Mapping[str, Any]) -> Celery:

@@ -50,11 +50,14 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
     if lacking:  # first: a table of the app's is said before the tables to make
         await _add_columns(conn, lacking, read, create=create)
     missing = [name for name in names if name not in found]
-    if not create and tables.handoffs.name in missing:
+    outbox = tables.handoffs.name
+    if not create and outbox in missing:
         # Only hand-offs to queues that need an outbox use it, and fail on its
         # absence (the database's error names the table): a store made by a
         # release before it keeps working for everything else.
-        missing.remove(tables.handoffs.name)
+        missing.remove(outbox)
+        if missing:  # said with the others, to be made with them
+            missing.append(f"{outbox} (the hand-offs' outbox)")
     if missing and not create:
         raise StoreError(
             f"table(s) {', '.join(missing)} do not exist, and create_tables=False: make them "
