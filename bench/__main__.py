@@ -214,8 +214,8 @@ def render(
         "next tick by adding the interval (the physical limit of asyncio for N independent",
         "periodic coroutines); `floor` is the same loop computing its tick on the epoch grid.",
         "",
-        "Reproduce: `.venv/bin/pip install -e '.[postgres]' --group bench && "
-        ".venv/bin/python -m bench --claims --requests --out BENCHMARKS.md`",
+        "Reproduce: `.venv/bin/pip install -e '.[example]' --group dev && "
+        ".venv/bin/python -m bench --claims --requests --handoffs --out BENCHMARKS.md`",
         "",
         "## N interval jobs at 1 s, trivial async body",
         "",
