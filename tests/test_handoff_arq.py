@@ -35,6 +35,7 @@ from .support.cluster import ROOT
 from .support.instances import engine_for, instance
 from .support.redis import RedisServer
 from .support.waiting import poll
+from .support.workers import spawn, stop
 
 
 @dataclass
@@ -52,23 +53,7 @@ class Worker:
 
 def start_worker(settings: str, cwd: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
     """``python -m arq <settings>`` in ``cwd``, its output in ``log``."""
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "arq", settings],
-            cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return spawn(["arq", settings], cwd, log, **env)
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -37,7 +35,8 @@ from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
 from .support.redis import RedisServer
 from .support.waiting import poll
-from .test_handoff_arq import _page_fragment, _store_runs, stop
+from .support.workers import spawn, stop
+from .test_handoff_arq import _page_fragment, _store_runs
 
 FAST = {"socket_timeout": 1, "socket_connect_timeout": 1}
 """The app's broker_transport_options the docs give: a frozen broker fails a send in 1 s."""
@@ -63,18 +62,15 @@ class Worker:
 
 def start_worker(app: str, queue: str, cwd: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
     """``celery -A <app> worker`` in ``cwd`` (one process, no pool), its output in ``log``."""
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", app, "worker", "-P", "solo", "-c", "1"),
-                *("-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat"),
-                *("-l", "info"),
-            ],
-            cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return spawn(
+        [
+            *("celery", "-A", app, "worker", "-P", "solo", "-c", "1", "-Q", queue),
+            *("--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"),
+        ],
+        cwd,
+        log,
+        **env,
+    )
 
 
 @pytest.fixture

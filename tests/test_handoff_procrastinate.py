@@ -35,6 +35,7 @@ from .support.cluster import App as Uvicorn  # a uvicorn process (procrastinate 
 from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
 from .support.waiting import poll
+from .support.workers import spawn, stop
 
 TICK = datetime(2026, 3, 2, 1, 0, tzinfo=UTC)
 
@@ -71,23 +72,7 @@ async def database(postgres: PostgresServer) -> Database:
 
 def start_worker(app: str, cwd: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
     """``procrastinate --app=<app> worker`` in ``cwd``, its output in ``log``."""
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "procrastinate", f"--app={app}", "worker"],
-            cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(cwd), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return spawn(["procrastinate", f"--app={app}", "worker"], cwd, log, PYTHONPATH=str(cwd), **env)
 
 
 @pytest.fixture

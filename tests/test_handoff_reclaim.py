@@ -38,7 +38,8 @@ from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
 from .support.redis import RedisServer
 from .support.waiting import poll
-from .test_handoff_arq import start_worker, stop
+from .support.workers import stop
+from .test_handoff_arq import start_worker
 
 # Short enough to wait out, long enough that a paused test process (a garbage
 # collection, tests.pauses' 0.3 s) does not see a lease run out it was to see held.
