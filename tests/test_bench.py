@@ -51,6 +51,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(300)  # ~80 s on a quiet machine, twice that under CI's load
 def test_bench_command_runs_on_a_tiny_n(
     tmp_path: Path, postgres: PostgresServer, redis: RedisServer
 ) -> None:

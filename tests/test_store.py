@@ -220,7 +220,9 @@ async def test_a_claim_whose_answer_was_lost_is_released(database_url: str) -> N
     async with opened(database_url) as (store, engine):
         assert await claim1(store, "running", 1.0) == 1  # a run of this instance goes on
         # The same instance, its claims made through a stalled call.
-        lossy, same = AnswerLost(engine, lease=30, timeout=0.1), store._instance
+        # A timeout wide enough for the claim to be made on a loaded machine (the
+        # operation's deadline, twice it, then cuts the 10 s stall).
+        lossy, same = AnswerLost(engine, lease=30, timeout=1.0), store._instance
         assert same is not None
         await lossy.open({}, same)
         try:
