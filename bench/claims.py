@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,14 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
 
         class TimedStore(SQLAlchemyStore):
             async def claim(
-                self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
+                self,
+                wanted: Sequence[tuple[str, float]],
+                *,
+                manual: bool = False,
+                versions: Mapping[str, int] | None = None,
             ) -> dict[str, int | Exception]:
                 t0 = time.perf_counter()
-                fences = await super().claim(wanted, manual=manual)
+                fences = await super().claim(wanted, manual=manual, versions=versions)
                 if on:
                     latencies.append((time.perf_counter() - t0) * 1000)
                     statements["claim calls"] += len(wanted)

@@ -36,6 +36,7 @@ from ._status import (
     PauseState,
     RunRecord,
 )
+from ._stored import StoredSchedule
 
 __all__ = [
     "Clock",
@@ -61,6 +62,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "StoreError",
+    "StoredSchedule",
     "SystemClock",
     "TriggeredRun",
     "UnconfirmedError",

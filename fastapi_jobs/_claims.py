@@ -41,9 +41,15 @@ def _names(jobs: Sequence[str]) -> str:
 class Claims:
     """Claims the ticks of this instance's jobs; gathers and sends their releases."""
 
-    def __init__(self, store: Store, logger: logging.Logger) -> None:
+    def __init__(
+        self, store: Store, logger: logging.Logger, versions: Mapping[str, int] | None = None
+    ) -> None:
         self.store = store
         self.logger = logger
+        self.versions = versions or {}
+        """The schedules made at run time, by name, and the version of each this
+        instance runs (kept current by ``_schedule_book``): passed with every
+        claim while there are any."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
@@ -61,6 +67,9 @@ class Claims:
             with anyio.fail_after(store.timeout):
                 if self._unreleased or self._ended or self._sending:
                     await self._release_first({job for job, _ in wanted})
+                versions = self.versions
+                if versions:
+                    return await store.claim(wanted, manual=manual, versions=versions)
                 if manual:
                     return await store.claim(wanted, manual=True)
                 return await store.claim(wanted)

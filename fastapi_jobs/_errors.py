@@ -43,13 +43,13 @@ class ConfigurationError(FastAPIJobsError, ValueError):
 class JobNotFoundError(FastAPIJobsError, LookupError):
     """Raised when a job name is not registered with the scheduler."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], *, kind: str = "job") -> None:
         self.name = name
         # Both go into a 404 body: never echo a huge name, nor list 10,000 jobs.
         listing = ", ".join(repr(k) for k in known[:_LISTED]) or "none"
         if len(known) > _LISTED:
             listing += f" and {len(known) - _LISTED} more"
-        super().__init__(f"no job named {short(name)}; the jobs are: {listing}")
+        super().__init__(f"no {kind} named {short(name)}; the {kind}s are: {listing}")
 
 
 class JobRunningError(FastAPIJobsError):

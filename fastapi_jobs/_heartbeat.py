@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 
@@ -84,6 +84,9 @@ class Heartbeat:
         """Given the store's pauses at each beat (what `Store.pauses` returns)."""
         self.on_step: Callable[[], None] | None = None
         """Called when the offset moved by a step (see `beat`)."""
+        self.also: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        """Reads made at each beat, after it (the stored schedules' changes), by
+        name: each under the store's timeout, a failure logged."""
         self._measured = False
         self._estimate = OffsetEstimate()
 
@@ -154,3 +157,9 @@ class Heartbeat:
             if self.on_step is not None:
                 self.on_step()
         self._measured = True
+        for name, read in self.also:
+            try:
+                with anyio.fail_after(self.store.timeout):
+                    await read()
+            except Exception as exc:  # noqa: BLE001 - the next beat reads again
+                self.logger.warning("reading %s failed: %r", name, exc)

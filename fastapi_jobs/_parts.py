@@ -51,6 +51,9 @@ class Parts:
     heartbeat: Heartbeat | None = None
     runners: dict[str, JobRunner] = field(default_factory=dict)
     services: list[Service] = field(default_factory=list)
+    versions: dict[str, int] = field(default_factory=dict)
+    """The schedules made at run time that run here, and the version of each
+    (``_schedule_book``): their claims name it."""
 
     def runner(self, name: str) -> JobRunner:
         """The runner of job ``name``; `JobNotFoundError` if none is declared."""

@@ -39,6 +39,11 @@ class Pauses:
         """A start: the store's pauses are not known until it is read again."""
         self._versions.clear()
 
+    def forget_one(self, name: str) -> None:
+        """A job made anew under ``name`` (a schedule made at run time): the
+        store's next reading of its pause applies to it."""
+        self._versions.pop(name, None)
+
     async def pause(self, name: str, until: datetime | None) -> PauseState:
         runner = self._parts.runner(name)
         until_ts = check_until(until, self._parts.ticking.now())

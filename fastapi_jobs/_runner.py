@@ -114,7 +114,8 @@ class JobRunner(TickRuns):
         finally:
             self._handle = self._gate = None
             self._serving = False
-            self.stats.next_run_at = None
+            if not self.retired:  # else its stats are its successor's
+                self.stats.next_run_at = None
 
     def first_tick(self, now: float) -> float | None:
         """The tick the job is first due at when the scheduler starts at ``now``

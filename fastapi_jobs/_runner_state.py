@@ -85,6 +85,7 @@ class RunnerState:
         "pause_unknown",
         "paused_until",
         "period_us",
+        "retired",
         "stats",
         "stopping",
         "store",
@@ -120,6 +121,9 @@ class RunnerState:
         # subclasses, which may move their ticks) ask the schedule.
         self.period_us = schedule.period_us if type(schedule) is Every else 0
         self.grid_us = 0
+        self.retired = False
+        """Replaced by a runner of the job's changed schedule (made at run time),
+        which took over its stats: it ends after its run in flight."""
         # Set by the dispatcher:
         self.stopping = False
         self.in_flight = False

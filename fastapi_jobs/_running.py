@@ -25,6 +25,7 @@ from ._dispatcher import Dispatcher
 from ._draining import drain
 from ._logging import LIBRARY, make_visible
 from ._parts import AppLifespan, Parts
+from ._runner import JobRunner
 from ._startup import log_start, warn_if_unclaimed_in_several_processes
 from ._tasks import JobTasks
 
@@ -70,6 +71,8 @@ class Running:
         self.stopped = anyio.Event()
         self.claims: Claims | None = None
         self._forget_pauses = forget_pauses
+        self._started: tuple[Dispatcher, JobTasks] | None = None
+        self._stopping = False
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -102,7 +105,7 @@ class Running:
                     raise body_error from None
                 raise
         finally:
-            self._life.running = self.claims = None
+            self._life.running = self.claims = self._started = None
             if parts.heartbeat is not None:
                 parts.heartbeat.on_step = None
             if store is not None:
@@ -123,9 +126,11 @@ class Running:
             await store.open(self.state, parts.instance)
         if parts.heartbeat is not None:
             await parts.heartbeat.start()  # learn the database's time before ticking
+            # The first beat read the stored schedules: their jobs start with the others.
+            runners = self.runners = list(parts.runners.values())
         if self.ticking:
             log_start(parts.logger, runners, parts.ticking.now())
-        claims = None if store is None else Claims(store, parts.logger)
+        claims = None if store is None else Claims(store, parts.logger, parts.versions)
         dispatcher = Dispatcher(parts.ticking, claims)
         if parts.heartbeat is not None:
             parts.heartbeat.on_step = dispatcher.kick
@@ -135,15 +140,38 @@ class Running:
         parts.observers.instance = parts.instance.id
         for runner in runners:
             runner.arm(claims, tasks)
-            if not self.ticking:
-                continue
-            if runner.job.catch_up is None:
-                first = runner.first_tick(now)
-                if first is not None:
-                    dispatcher.add(runner, first)
-            else:
-                tasks.spawn(runner)  # its task asks the store for missed ticks first
+            if self.ticking:
+                self._place(runner, dispatcher, tasks, now)
+        self._started = dispatcher, tasks
         return dispatcher, tasks
+
+    def _place(
+        self, runner: JobRunner, dispatcher: Dispatcher, tasks: JobTasks, now: float
+    ) -> None:
+        if runner.job.catch_up is None:
+            first = runner.first_tick(now)
+            if first is not None:
+                dispatcher.add(runner, first)
+        else:
+            tasks.spawn(runner)  # its task asks the store for missed ticks first
+
+    def adopt(self, runner: JobRunner) -> None:
+        """Run ``runner`` from now on (a schedule made at run time). Before the
+        start, the start takes it with the others; once stopping, nothing."""
+        self.let_go()
+        if self._started is None or self._stopping:
+            return
+        dispatcher, tasks = self._started
+        runner.arm(self.claims, tasks)
+        self.runners.append(runner)
+        if self.ticking:
+            self._place(runner, dispatcher, tasks, self.parts.ticking.now())
+
+    def let_go(self) -> None:
+        """Forget the runners stopped and idle (the jobs of schedules changed or
+        removed); those still in flight stay, for the drain to wait for."""
+        if self._started is not None and not self._stopping:
+            self.runners = [r for r in self.runners if not (r.stopping and not r.in_flight)]
 
     def _start_tasks(
         self, tg: anyio.abc.TaskGroup, dispatcher: Dispatcher, tasks: JobTasks
@@ -166,6 +194,7 @@ class Running:
     async def _stop(self, background: Background, dispatcher: Dispatcher, tasks: JobTasks) -> None:
         """The order of a stop: each part ends once what still needs it has."""
         parts = self.parts
+        self._stopping = True  # no job adopted from here on
         background.cancel("heartbeat")
         background.cancel_services()
         dispatcher.stop()  # no more ticks; claims in flight run their winners

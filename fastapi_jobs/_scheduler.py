@@ -32,6 +32,8 @@ from ._pausing import Pauses
 from ._reading import Reader
 from ._runner import HISTORY, RunResult
 from ._running import Life, Running, app_state
+from ._schedule_api import ScheduleMethods
+from ._schedule_book import ScheduleBook
 from ._schedules import Cron, Every, Schedule
 from ._seam import Seam
 from ._status import ClusterView, JobStatus, PauseState, RunRecord
@@ -45,7 +47,7 @@ __all__ = ["AppLifespan", "Scheduler", "seam_of"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler:
+class Scheduler(ScheduleMethods):
     """The registry of jobs, and the lifespan that runs them.
 
     Example:
@@ -118,9 +120,12 @@ class Scheduler:
         )
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
+        self._life = Life()
+        self._book = ScheduleBook(parts, self._life, pauses.forget_one)
         if store is not None and on_db_time is not None:
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
-        self._life = Life()
+            if hasattr(store, "schedules"):
+                parts.heartbeat.also.append(("the stored schedules", self._book.sync))
         self._reader = Reader(parts, self._life, pauses)
         self._operator = Operator(parts, self._life, self._reader)
         self._seam = Seam(parts, self._life, self._reader, self._operator, pauses)

@@ -77,11 +77,22 @@ class Store(Protocol):
         """Forget this instance (graceful stop) and free what open() took."""
 
     async def claim(
-        self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
+        self,
+        wanted: Sequence[tuple[str, float]],
+        *,
+        manual: bool = False,
+        versions: Mapping[str, int] | None = None,
     ) -> Mapping[str, int | Exception]:
         """Claim each ``(job, tick)``, all in one go (the scheduler asks once per
         instant for every job due then). A job paused in the store is not
         claimed, unless ``manual`` (an operator asked for the run).
+
+        ``versions`` (passed only while this instance runs schedules made at run
+        time, and only to a store that has ``schedules``): the version of each
+        such schedule this instance runs, by name; its tick is not claimed
+        unless the store's schedule of that name has that version (changed or
+        removed elsewhere: not claimed), and a job not listed is not claimed
+        while the store has a live schedule of its name.
 
         Returns, by job, the new fence of each claim made; a job that is missing
         is held elsewhere (or its tick is not newer than its last); an exception

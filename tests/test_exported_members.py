@@ -38,6 +38,7 @@ def test_exported_members() -> None:
         "Schedule",
         "Scheduler",
         "StoreError",
+        "StoredSchedule",
         "SystemClock",
         "TriggeredRun",
         "UnconfirmedError",

@@ -276,6 +276,7 @@ async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
         "fastapi_jobs_instances",
         "fastapi_jobs_pauses",
         "fastapi_jobs_runs",
+        "fastapi_jobs_schedules",
     ]
     assert [tuple(r) for r in rows] == [("mine", "keep me")]
 

@@ -174,7 +174,7 @@ async def claim_all(
 
     async def claim_rows(rows: list[tuple[str, Any]]) -> None:
         sent = {**params, "b_sent": sqlite_now(), "b_rows": encode(rows)}
-        asked.update(rows)
+        asked.update((row[0], row[1]) for row in rows)
         try:
             result = await batches.execute(conn, kind, sent)
         except sa.exc.DBAPIError as exc:
@@ -182,12 +182,12 @@ async def claim_all(
                 # The database answered with an error: the statement made no
                 # claim, so there is none to look up and free (it would find
                 # a claim of the same tick made since, and end it).
-                for job, _ in rows:
+                for job, *_ in rows:
                     asked.pop(job, None)
             raise
         returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
         fences.update((job, int(fence)) for job, fence in returned)
-        for job, _ in rows:
+        for job, *_ in rows:
             asked.pop(job, None)  # answered: claimed, or not (held, an older tick)
 
     for chunk in chunks:

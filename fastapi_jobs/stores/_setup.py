@@ -28,9 +28,10 @@ _ATTEMPTS = 5
 _ALEMBIC = "with Alembic: alembic revision --autogenerate, then alembic upgrade head"
 
 
-async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) -> None:
+async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) -> set[str]:
     """Check that the store's tables and their columns exist (and make the
-    missing ones if ``create``); raise `StoreError` if they cannot be used."""
+    missing ones if ``create``); raise `StoreError` if they cannot be used.
+    Returns the optional tables left missing (``create_tables=False``)."""
     names = [t.name for t in tables.metadata.sorted_tables]
 
     def read(sync_conn: sa.Connection) -> dict[str, set[str]]:
@@ -50,14 +51,19 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
     if lacking:  # first: a table of the app's is said before the tables to make
         await _add_columns(conn, lacking, read, create=create)
     missing = [name for name in names if name not in found]
-    outbox = tables.handoffs.name
-    if not create and outbox in missing:
-        # Only hand-offs to queues that need an outbox use it, and fail on its
-        # absence (the database's error names the table): a store made by a
-        # release before it keeps working for everything else.
-        missing.remove(outbox)
+    optional = {
+        tables.handoffs.name: "the hand-offs' outbox",
+        tables.schedules.name: "the schedules made at run time",
+    }
+    absent = {name for name in optional if name in missing}
+    if not create and absent:
+        # Only what uses them fails on their absence (hand-offs to queues that
+        # need an outbox; schedules made at run time, refused with the table's
+        # name): a store made by a release before them keeps working for
+        # everything else.
+        missing = [name for name in missing if name not in absent]
         if missing:  # said with the others, to be made with them
-            missing.append(f"{outbox} (the hand-offs' outbox)")
+            missing += [f"{name} ({optional[name]})" for name in sorted(absent)]
     if missing and not create:
         raise StoreError(
             f"table(s) {', '.join(missing)} do not exist, and create_tables=False: make them "
@@ -65,7 +71,7 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
             "DDL from SQLAlchemyStore.ddl(), or pass create_tables=True"
         )
     if not missing:
-        return
+        return absent if not create else set()
     for attempt in range(1, _ATTEMPTS + 1):
         try:
             await conn.run_sync(tables.metadata.create_all, checkfirst=True)
@@ -79,6 +85,7 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
                 raise
             await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
     logger.info("created table(s) %s", ", ".join(missing))
+    return set()
 
 
 def _addable(column: sa.Column[object]) -> bool:

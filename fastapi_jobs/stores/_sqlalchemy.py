@@ -33,6 +33,7 @@ from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
 from ._options import check_options
 from ._outbox import StoreOutbox
+from ._schedules import StoreSchedules
 from ._setup import ensure_tables
 from ._statements import Statements
 
@@ -41,6 +42,7 @@ __all__ = ["SQLAlchemyStore"]
 logger = logging.getLogger("fastapi_jobs.stores")
 _T = TypeVar("_T")
 _Reclaimed = dict[str, int | tuple[float, float] | Exception]
+_Versions = Mapping[str, int] | None
 
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts
 # claim at or after the tick (their clock follows the database's); this only
@@ -61,11 +63,9 @@ class SQLAlchemyStore:
 
     Each tick of each job then runs at most once across all instances that
     share the database, while leases are honoured: a run renews its lease
-    every ``lease / 3`` and is cancelled if it cannot. The tables
-    (``fastapi_jobs_claims``, ``_instances``, ``_pauses``, ``_runs``) are
-    created when the scheduler starts unless ``create_tables=False``: then the
-    app's migrations make them (Alembic: `include_tables`; otherwise `ddl`
-    prints their DDL).
+    every ``lease / 3`` and is cancelled if it cannot. The tables (`ddl` prints
+    them) are created when the scheduler starts unless ``create_tables=False``:
+    then the app's migrations make them (Alembic: `include_tables`).
 
     The run history keeps the last ``history`` runs of each job (0: none) for
     at most ``history_max_age``; it is written by the release's own round trip
@@ -107,6 +107,7 @@ class SQLAlchemyStore:
         self._sql: Statements | None = None  # built for the engine's dialect at open()
         self._operations = Operations(self.timeout, self._prepare)
         self.outbox = StoreOutbox(self._operations, self.tables, self.lease)  # queues.Outbox
+        self.schedules = StoreSchedules(self._operations, self.tables)  # _stored.ScheduleTable
 
     # -- life -------------------------------------------------------------
 
@@ -127,7 +128,9 @@ class SQLAlchemyStore:
             self._operations.spawn(self._operations.ensure_ready())
 
     async def _prepare(self, conn: AsyncConnection) -> None:
-        await ensure_tables(conn, self.tables, create=self._create_tables)
+        absent = await ensure_tables(conn, self.tables, create=self._create_tables)
+        present = self.schedules.present = self.tables.schedules.name not in absent
+        self._statements.schedules = present
 
     async def close(self) -> None:
         ops = self._operations
@@ -151,14 +154,21 @@ class SQLAlchemyStore:
     # -- claims -----------------------------------------------------------
 
     async def claim(
-        self, wanted: Sequence[tuple[str, float]], *, manual: bool = False
+        self,
+        wanted: Sequence[tuple[str, float]],
+        *,
+        manual: bool = False,
+        versions: _Versions = None,
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
         thousand rows); see `fastapi_jobs.stores.Store.claim`."""
         if not wanted:
             return {}
+        rows: Sequence[tuple[Any, ...]] = wanted
+        if versions:  # a stored schedule's row has a third value: its version
+            rows = [(j, t) if j not in versions else (j, t, versions[j]) for j, t in wanted]
         kind = "claim_manual" if manual else "claim"
-        return await self._claiming(partial(self._claim_all, kind, chunks(wanted)))
+        return await self._claiming(partial(self._claim_all, kind, chunks(rows)))
 
     async def reclaim(self, wanted: Sequence[tuple[str, float]]) -> _Reclaimed:
         """Claim again each ``(job, tick)`` that is claimed, never released and
@@ -177,11 +187,7 @@ class SQLAlchemyStore:
 
         return await self._claiming(reclaim_all, free=False)
 
-    async def _claiming(
-        self,
-        claim_all: Callable[..., Awaitable[_T]],
-        free: bool = True,
-    ) -> _T:
+    async def _claiming(self, claim_all: Callable[..., Awaitable[_T]], free: bool = True) -> _T:
         """Run ``claim_all(fences, asked, conn)`` as one operation, and free what
         it claimed if its caller gives up, if ``free``: not a re-claim's, whose row
         freed would look released (its abandoned tick never claimed again)."""

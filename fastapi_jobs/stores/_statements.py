@@ -23,6 +23,7 @@ from ._tables import Tables
 __all__ = ["Statements"]
 
 _OUTBOX_KEPT = 86400.0
+_REMOVED_KEPT = 86400.0
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -43,15 +44,27 @@ class Statements:
         self.prune_outbox = sa.delete(h).where(
             h.c.created_at < sa.bindparam("b_before", type_=sa.Double)
         )
+        s = tables.schedules
+        self.prune_removed = sa.delete(s).where(
+            s.c.removed == sa.true(), s.c.updated_at < sa.bindparam("b_before", type_=sa.Double)
+        )
         # SQLite writes a release's history in a statement of its own, first.
         self.release_in_two = history and dialect == "sqlite"
         self.batches = Compiled(self._batch)
+        self.schedules = True
+        """The schedules table exists: claims check the versions of stored
+        schedules against it (set when the tables are checked, before the
+        claim statement is first compiled)."""
         self._tables, self._insert, self._history = tables, insert, history
 
     async def prune(self, conn: AsyncConnection, *, history: int, max_age: float) -> None:
         """The retention of the history (its last ``history`` runs of each job, for
-        at most ``max_age`` seconds) and of the outbox."""
-        now = (await conn.execute(sa.select(db_now()))).scalar_one()
+        at most ``max_age`` seconds), of the outbox and of the schedules' removals."""
+        now = float((await conn.execute(sa.select(db_now()))).scalar_one())
+        if self.schedules:
+            # A removal's row is read by every instance within a heartbeat; one
+            # away for longer reads every row again when it starts.
+            await conn.execute(self.prune_removed, {"b_before": now - _REMOVED_KEPT})
         # An outbox row refuses a second hand-off of its tick: kept as long as
         # the history, at least a day (a retry or re-claim is minutes away).
         await conn.execute(self.prune_outbox, {"b_before": now - max(max_age, _OUTBOX_KEPT)})
@@ -62,7 +75,10 @@ class Statements:
     def _batch(self, kind: str) -> Any:
         t = self._tables
         if kind in ("claim", "claim_manual"):
-            return claim(t.claims, t.pauses, self._insert, self.dialect, manual=kind != "claim")
+            schedules = t.schedules if self.schedules else None
+            return claim(
+                t.claims, t.pauses, self._insert, self.dialect, schedules, manual=kind != "claim"
+            )
         if kind == "reclaim":
             return reclaim(t.claims, t.pauses, self.dialect)
         runs = t.runs if self._history else None
@@ -141,14 +157,21 @@ def pause(pauses: sa.Table, insert: Insert) -> Any:
 
 
 def claim(
-    claims: sa.Table, pauses: sa.Table, insert: Insert, dialect: str, *, manual: bool = False
+    claims: sa.Table,
+    pauses: sa.Table,
+    insert: Insert,
+    dialect: str,
+    schedules: sa.Table | None = None,
+    *,
+    manual: bool = False,
 ) -> Any:
     """The claim of many jobs in one statement (rows as in ``rows_cte``); every
     bind is a named one. A paused job's tick is not claimed, unless ``manual``
-    (an operator asked for the run)."""
+    (an operator asked for the run); with ``schedules``, see `_current`."""
     c, p, now = claims, pauses, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
-    wanted = rows_cte("wanted", {"job": sa.String, "tick": sa.Double}, dialect)
+    columns = {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}
+    wanted = rows_cte("wanted", columns, dialect)
     # Rows that may be claimed at all: the tick is not in the future on the
     # database's clock (a host whose clock jumped ahead must not move
     # `last_tick` past the ticks the others are about to claim), and the
@@ -161,6 +184,8 @@ def claim(
         # A pause taken on any instance holds from the next claim on: one
         # primary-key probe per row, in the claim's own statement.
         conditions.append(_not_paused(p, wanted.c.job, now))
+    if schedules is not None:
+        conditions.append(_current(schedules, wanted))
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -192,6 +217,23 @@ def claim(
             sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
         ),
     ).returning(c.c.job, c.c.fence)
+
+
+def _current(schedules: sa.Table, wanted: Any) -> Any:
+    """The schedule of ``wanted``'s job is the one its claimer runs: a stored
+    schedule's tick (a row with a third value, its version) is claimed only
+    under the version its row has, so that a change or a removal made on any
+    instance holds from the next claim on, before the claimer has read it; a
+    declared job's (two values) only while no live stored schedule has its
+    name. One primary-key probe per row."""
+    s, version = schedules, wanted.c.version
+    return ~sa.exists().where(
+        s.c.name == wanted.c.job,
+        sa.or_(
+            sa.and_(version.is_(None), s.c.removed == sa.false()),
+            sa.and_(version.is_not(None), s.c.version != version),
+        ),
+    )
 
 
 def _not_paused(pauses: sa.Table, job: Any, now: Any) -> Any:

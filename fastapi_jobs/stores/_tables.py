@@ -1,4 +1,4 @@
-"""The store's five tables, their names, and their DDL.
+"""The store's six tables, their names, and their DDL.
 
 - ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
   ``fence`` grows by one per claim; ``lease_until`` is NULL once released;
@@ -14,6 +14,10 @@
 - ``<prefix>handoffs``: the outbox of hand-off jobs, one row per (job, tick)
   handed to a queue that cannot refuse a duplicate by itself (``_outbox``);
   pruned with the history.
+- ``<prefix>schedules``: the schedules made at run time (``fastapi_jobs._stored``),
+  one row per name; ``version`` grows with each change (a removal leaves the
+  row, marked ``removed``, so that every instance reads it), and a claim of a
+  stored schedule's tick is made only under the version the row has.
 
 Times are stored as POSIX seconds (double precision) so that both databases
 compare them alike. The SQL that works on the tables is in ``_statements`` and
@@ -48,6 +52,7 @@ class Tables(NamedTuple):
     pauses: sa.Table
     runs: sa.Table
     handoffs: sa.Table
+    schedules: sa.Table
 
 
 _LONGEST = "ix_{}runs_job"
@@ -60,7 +65,7 @@ _MADE: weakref.WeakKeyDictionary[sa.Table, str] = weakref.WeakKeyDictionary()
 """The tables made here, and their prefix: a table of the app's under the same
 name is told from them. Not in ``Table.info``: Alembic writes that into every
 migration it generates."""
-_KINDS = ("claims", "instances", "pauses", "runs", "handoffs")
+_KINDS = ("claims", "instances", "pauses", "runs", "handoffs", "schedules")
 
 
 def check_prefix(prefix: object, context: str = "") -> str:
@@ -141,7 +146,9 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
         # and no autogenerate proposes to rename it.
         sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
-    return Tables(metadata, claims, instances, pauses, runs, _outbox(table))
+    return Tables(
+        metadata, claims, instances, pauses, runs, _outbox(table), _schedules(table, prefix)
+    )
 
 
 def _outbox(table: Callable[..., sa.Table]) -> sa.Table:
@@ -156,6 +163,24 @@ def _outbox(table: Callable[..., sa.Table]) -> sa.Table:
     )
 
 
+_SCHEDULES_INDEX = "ix_{}sch_ver"
+"""The schedules' index on ``version`` (no longer than the history's: the
+prefix's bound stays the one `check_prefix` says)."""
+
+
+def _schedules(table: Callable[..., sa.Table], prefix: str) -> sa.Table:
+    return table(
+        "schedules",
+        sa.Column("name", sa.String(200), primary_key=True),
+        sa.Column("task", sa.String(200), nullable=False),
+        sa.Column("spec", sa.Text, nullable=False),  # JSON: schedule, kwargs, options
+        sa.Column("version", sa.BigInteger, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        sa.Column("removed", sa.Boolean, nullable=False),
+        sa.Index(conv(_SCHEDULES_INDEX.format(prefix)), "version"),
+    )
+
+
 def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) -> sa.Table:
     # BLANK_SCHEMA: where the store looks for its tables (the connection's
     # default schema), whatever default schema the app's MetaData has.
@@ -165,7 +190,7 @@ def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) ->
 
 
 def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -> list[sa.Table]:
-    """Add the store's five tables (and their index) to the app's ``metadata``.
+    """Add the store's six tables (and their indexes) to the app's ``metadata``.
 
     For apps whose schema is managed by migrations (Alembic): with the tables
     in the ``MetaData`` that ``env.py`` gives as ``target_metadata``,
@@ -191,7 +216,7 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
     several times in one process when commands are called from Python).
 
     Returns:
-        The five tables, in the order they are created.
+        The six tables, in the order they are created.
 
     Raises:
         ConfigurationError: ``metadata`` is not a ``sqlalchemy.MetaData``,
@@ -207,13 +232,13 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
         for table in present
         if _MADE.get(table) != prefix
     ]
-    index = _LONGEST.format(prefix)
+    indexes = {_LONGEST.format(prefix), _SCHEDULES_INDEX.format(prefix)}
     theirs += [
-        f"an index of its own named {index!r} (on {table.name!r})"
+        f"an index of its own named {item.name!r} (on {table.name!r})"
         for table in metadata.tables.values()
         if table not in _MADE
         for item in table.indexes
-        if item.name == index
+        if item.name in indexes
     ]
     if theirs:
         raise ConfigurationError(
