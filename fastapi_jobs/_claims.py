@@ -46,7 +46,7 @@ class Claims:
     ) -> None:
         self.store = store
         self.logger = logger
-        self.versions = versions or {}
+        self.versions = {} if versions is None else versions
         """The schedules made at run time, by name, and the version of each this
         instance runs (kept current by ``_schedule_book``): passed with every
         claim while there are any."""

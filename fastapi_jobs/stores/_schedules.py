@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
+from .._status import ErrorInfo
 from .._stored import ScheduleRow
 from ._db_clock import db_now
 from ._operations import NOT_OPEN, Operations
@@ -153,7 +154,10 @@ class StoreSchedules:
     async def _write(self, statement: Any) -> ScheduleRow | None:
         self._dialect()  # open, or StoreError
         if not self._ops.ready:
-            await self._ops.spawn(self._ops.ensure_ready())
+            try:
+                await self._ops.spawn(self._ops.ensure_ready())
+            except Exception as exc:  # nothing was sent: nothing changed
+                raise StoreError(f"the store could not reach it ({ErrorInfo.of(exc)})") from exc
         if not self.present:
             raise self._absent()
         asked = asyncio.get_running_loop().time()

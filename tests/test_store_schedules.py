@@ -1,0 +1,223 @@
+"""Schedules as data in a store, on every backend: the table, the claim's
+version check, two schedulers sharing a database (a change on one followed by
+the other within a heartbeat, each tick run once), restarts, an instance that
+lacks the task, and a store without the table."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+import sqlalchemy as sa
+
+from fastapi_jobs import (
+    ConfigurationError,
+    Every,
+    JobContext,
+    JobNotFoundError,
+    Scheduler,
+    StoreError,
+)
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from .support.waiting import poll
+from .test_store import opened
+
+HEARTBEAT = 0.2
+
+
+# -- the table and the claim's check -------------------------------------------
+
+
+async def test_a_stored_schedules_tick_is_claimed_only_under_its_version(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, _):
+        row = await store.schedules.create("s", "report", '{"x":1}')
+        assert row is not None and not row.removed and row.version > 0
+        assert await store.schedules.create("s", "report", "{}") is None  # taken
+        v1 = row.version
+        assert await store.claim([("s", 10.0)], versions={"s": v1 + 1}) == {}
+        assert set(await store.claim([("s", 10.0)], versions={"s": v1})) == {"s"}
+        changed = await store.schedules.change("s", "report", '{"x":2}', v1)
+        assert changed is not None and changed.version > v1
+        assert await store.schedules.change("s", "report", "{}", v1) is None  # moved on
+        assert await store.claim([("s", 20.0)], versions={"s": v1}) == {}  # the old spec
+        removed = await store.schedules.remove("s")
+        assert removed is not None and removed.removed and removed.version > changed.version
+        assert await store.schedules.remove("s") is None
+        assert await store.claim([("s", 30.0)], versions={"s": changed.version}) == {}
+        # Made again under the same name: its version goes on growing.
+        again = await store.schedules.create("s", "other", "{}")
+        assert again is not None and again.version > removed.version and again.task == "other"
+
+
+async def test_a_declared_job_is_not_claimed_under_a_live_stored_schedules_name(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, _):
+        await store.schedules.create("clash", "report", "{}")
+        assert set(await store.claim([("clash", 10.0), ("free", 10.0)])) == {"free"}
+        await store.schedules.remove("clash")
+        assert set(await store.claim([("clash", 20.0)])) == {"clash"}  # a removal's row
+
+
+async def test_changes_are_read_from_a_version_on(database_url: str) -> None:
+    async with opened(database_url) as (store, _):
+        for n in range(50):
+            await store.schedules.create(f"s{n}", "report", "{}")
+        everything = await store.schedules.changes(0)
+        assert len(everything) == 50
+        last = everything[-1].version
+        changed = await store.schedules.change("s7", "report", '{"a":1}', everything[7].version)
+        await store.schedules.remove("s9")
+        rows = await store.schedules.changes(last + 1)
+        assert [(r.name, r.removed) for r in rows] == [("s7", False), ("s9", True)]
+        assert changed is not None and rows[0].version == changed.version
+        assert len(await store.schedules.changes(0)) == 49  # a full read skips removals
+
+
+# -- two schedulers on one database ----------------------------------------------
+
+
+Ran = Counter[tuple[str, float]]
+"""Runs by (tenant, tick as POSIX seconds)."""
+
+
+def instance(url: str, ran: Ran, *, task: bool = True) -> Scheduler:
+    # From the URL: the store owns the engine, and disposes of it when it closes.
+    store = SQLAlchemyStore(url, heartbeat=HEARTBEAT, lease=10, timeout=2)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+    if task:
+
+        @scheduler.task()
+        async def report(ctx: JobContext, tenant: str) -> None:
+            ran[tenant, ctx.tick.timestamp()] += 1
+
+    return scheduler
+
+
+@asynccontextmanager
+async def running(*schedulers: Scheduler) -> AsyncIterator[None]:
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler.running())
+        yield
+
+
+def names(scheduler: Scheduler) -> set[str]:
+    return {status.name for status in scheduler.status()}
+
+
+# A tick this long after a change's commit is claimed after it (instances claim
+# a tick when it comes, on the database's clock).
+_AFTER = 0.2
+
+
+async def test_a_schedule_made_on_one_instance_runs_once_per_tick_on_both(
+    database_url: str,
+) -> None:
+    ran: Ran = Counter()
+    a, b = instance(database_url, ran), instance(database_url, ran)
+    async with running(a, b):
+        await a.add_schedule("acme", "report", Every(seconds=0.5), kwargs={"tenant": "acme"})
+        await poll(lambda: "acme" in names(b))  # within a heartbeat
+        await poll(lambda: len(ran) >= 4, within=20)
+        changed = await b.update_schedule("acme", kwargs={"tenant": "zeta"})
+        assert changed.updated_at is not None
+        changed_at = changed.updated_at.timestamp()
+        await poll(lambda: sum(1 for t, _ in ran if t == "zeta") >= 4, within=20)
+        await a.remove_schedule("acme")
+        removed_at = time.time()
+        await poll(lambda: "acme" not in names(a) | names(b))
+        await anyio.sleep(1.2)  # two ticks' worth: none runs
+    assert all(count == 1 for count in ran.values()), ran  # each tick once across the two
+    assert {t for t, tick in ran if tick > changed_at + _AFTER} == {"zeta"}
+    assert [tick for _, tick in ran if tick > removed_at + _AFTER] == []
+
+
+async def test_schedules_are_back_after_every_instance_restarts(database_url: str) -> None:
+    ran: Ran = Counter()
+    a = instance(database_url, ran)
+    async with running(a):
+        await a.add_schedule("kept", "report", Every(hours=1), kwargs={"tenant": "k"}, retries=2)
+    again = instance(database_url, ran)
+    async with running(again):
+        schedules = await again.schedules()
+        status = again.job_status("kept")
+    assert [(s.name, s.kwargs, s.options, s.known) for s in schedules] == [
+        ("kept", {"tenant": "k"}, {"retries": 2}, True)
+    ]
+    assert status.schedule == "every 1h"
+
+
+async def test_an_instance_without_the_task_leaves_the_schedule_alone(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: Ran = Counter()
+    new, old = instance(database_url, ran), instance(database_url, ran, task=False)
+    caplog.set_level(logging.WARNING, logger="fastapi_jobs")
+    async with running(new, old):
+        await new.add_schedule("t", "report", Every(seconds=0.3), kwargs={"tenant": "t"})
+        await poll(lambda: len(ran) >= 4, within=20)
+        listed = await old.schedules()
+        with pytest.raises(JobNotFoundError):
+            old.job_status("t")
+    assert [(s.name, s.known) for s in listed] == [("t", False)]
+    left_alone = [r for r in caplog.records if "is left alone here" in r.getMessage()]
+    assert len(left_alone) == 1  # said once, not at every beat
+    assert "names the task 'report', which this instance lacks" in left_alone[0].getMessage()
+    async with opened(database_url) as (store, _):
+        assert [r.name for r in await store.schedules.changes(0)] == ["t"]  # not deleted
+
+
+# -- bad input and a store that cannot -------------------------------------------
+
+
+async def test_a_store_without_the_table_runs_and_refuses_schedules_saying_why(
+    database_url: str,
+) -> None:
+    async with opened(database_url) as (store, engine):
+        await store.claim([("warm", 1.0)])  # tables made
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("DROP TABLE fastapi_jobs_schedules"))
+    ran: Ran = Counter()
+    scheduler = Scheduler(
+        store=SQLAlchemyStore(database_url, create_tables=False, heartbeat=HEARTBEAT)
+    )
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    @scheduler.every(seconds=0.2)
+    async def declared() -> None:
+        ran["declared", 0.0] += 1
+
+    async with running(scheduler):
+        with pytest.raises(StoreError, match="fastapi_jobs_schedules does not exist"):
+            await scheduler.add_schedule("x", "report", Every(hours=1), kwargs={"tenant": "a"})
+        assert await scheduler.schedules() == []
+        await poll(lambda: sum(ran.values()) >= 2)
+
+
+async def test_a_write_to_a_store_that_is_down_changes_nothing(database_url: str) -> None:
+    if database_url.startswith("sqlite"):
+        pytest.skip("a SQLite file is not a server that goes away")
+    scheduler = Scheduler(
+        store=SQLAlchemyStore(database_url.rsplit("/", 1)[0] + "/no_such_database", timeout=0.5)
+    )
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    async with running(scheduler):
+        with pytest.raises(StoreError, match=r"cannot create schedule 'x'.*nothing changed"):
+            await scheduler.add_schedule("x", "report", Every(hours=1), kwargs={"tenant": "a"})
+        with pytest.raises(ConfigurationError, match="no task named"):
+            await scheduler.add_schedule("x", "nope", Every(hours=1))
+        assert "x" not in scheduler.jobs
