@@ -16,7 +16,10 @@ from ._parts import Parts
 from ._runner import JobRunner
 from ._schedules import Schedule
 
-__all__ = ["add_job", "add_observer", "add_observers"]
+__all__ = ["RESERVED", "add_job", "add_observer", "add_observers"]
+
+RESERVED = ("instances", "schedules")
+"""Names the routes under ``/jobs`` take: no job may have them."""
 
 
 def add_job(
@@ -40,9 +43,9 @@ def add_job(
     job = Job.build(func, schedule, options, where=where, outbox=outbox)
     if job.name in parts.runners:
         raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
-    if job.name == "instances":
+    if job.name in RESERVED:
         raise ConfigurationError(
-            "the job name 'instances' is taken by GET /jobs/instances: choose another name="
+            f"the job name {job.name!r} is taken by GET /jobs/{job.name}: choose another name="
         )
     if job.catch_up is not None and (parts.store is None or job.every_instance):
         raise ConfigurationError(

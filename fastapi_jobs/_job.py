@@ -113,6 +113,10 @@ class Job:
     enqueue: Handoff | None = None
     """A hand-off job's queue: ``func`` is then the function wrapped, and
     enqueues the task it returns."""
+    task: str | None = None
+    """The job of a schedule made at run time (`Scheduler.add_schedule`): the
+    task it runs, ``func`` that task with the schedule's arguments; None for a
+    job declared in code."""
     built: InitVar[object] = None
     """Only `build` passes its token: a Job is never made unchecked."""
 
@@ -138,10 +142,12 @@ class Job:
         *,
         where: str = "add_job",
         outbox: Outbox | None = None,
+        task: str | None = None,
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; `ConfigurationError` says what to fix.
-        ``outbox``: the scheduler's store's, which a hand-off may need."""
+        ``outbox``: the scheduler's store's, which a hand-off may need;
+        ``task``: the task of a schedule made at run time."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
@@ -182,6 +188,7 @@ class Job:
             retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
             paused=flag("paused", o["paused"], context=said),
             enqueue=handoff,
+            task=task,
             built=_BUILT,
         )
 

@@ -145,4 +145,5 @@ class Reader:
             paused_until=runner.job.declared_pause if runner.pause_unknown else runner.paused_until,
             now=parts.ticking.now(),
             hand_off=None if handoff is None else handoff.name,
+            task=runner.job.task,
         )

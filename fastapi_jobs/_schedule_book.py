@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from ._checks import check_name
+from ._declaring import RESERVED
 from ._errors import ConfigurationError, JobNotFoundError, StoreError, UnconfirmedError
 from ._job import Job
 from ._parts import Parts
@@ -109,7 +110,7 @@ class ScheduleBook:
 
     def _refuse_declared(self, name: str) -> str:
         name = check_name(name)
-        if name == "instances" or (name in self._parts.runners and name not in self._runners):
+        if name in RESERVED or (name in self._parts.runners and name not in self._runners):
             raise ConfigurationError(
                 f"schedule {name!r}: a declared job has that name (or a route does): "
                 "choose another name"
@@ -320,7 +321,7 @@ class ScheduleBook:
         func, _ = self.tasks[stored.task]
         bound = partial(func, **stored.kwargs) if stored.kwargs else func
         options: dict[str, Any] = {"name": stored.name, **stored.options}
-        return Job.build(bound, stored.schedule, options, where="add_schedule")  # type: ignore[arg-type]
+        return Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
 
     def _install(self, job: Job, version: int) -> None:
         parts = self._parts

@@ -234,6 +234,11 @@ class JobStatus(BaseModel):
         description="A hand-off job's queue (e.g. `arq task send_digest`): each run "
         "enqueues a task there; null: the job runs its work itself.",
     )
+    task: str | None = Field(
+        default=None,
+        description="A schedule made at run time (`add_schedule`): the task it runs; "
+        "null: a job declared in code.",
+    )
     cluster: ClusterJobStatus | None = Field(
         default=None,
         description="With a store: the last run of this job across all instances.",
@@ -340,6 +345,7 @@ class JobStats:
         paused_until: float,
         now: float,
         hand_off: str | None = None,
+        task: str | None = None,
     ) -> JobStatus:
         error = self.last_error
         return JobStatus(
@@ -362,4 +368,5 @@ class JobStats:
             paused_until=pause_end(paused_until, now),
             retries=self.retries,
             hand_off=hand_off,
+            task=task,
         )
