@@ -34,6 +34,7 @@ FIELDS = {
     "paused_until",
     "retries",
     "hand_off",
+    "task",
     "cluster",
 }
 
@@ -75,6 +76,7 @@ async def test_list_jobs_returns_every_field_of_every_job() -> None:
     assert failed["last_duration_s"] == 0
     assert failed["skipped_ticks"] == 0 and failed["skipped"] == {}
     assert failed["hand_off"] is None  # it runs its work itself
+    assert failed["task"] is None  # declared in code
     assert failed["schedule"].startswith("cron '30 * * * *' UTC")
 
 
