@@ -31,6 +31,7 @@ from ._parts import Parts
 from ._runner import JobRunner
 from ._running import Life
 from ._schedules import Schedule
+from ._startup import warn_if_in_several_processes
 from ._status import ErrorInfo
 from ._stored import (
     ScheduleRow,
@@ -50,6 +51,9 @@ __all__ = ["ScheduleBook"]
 _CHANGE_WAIT = 3
 # A change's compare-and-set is tried this often against concurrent changes.
 _TRIES = 3
+READ_ALL_EVERY = 600.0
+"""Seconds between two reads of every row (else only the changes are read):
+what a lost read of changes missed is found within this."""
 
 
 class ScheduleBook:
@@ -67,6 +71,8 @@ class ScheduleBook:
         self._seen = 0  # the highest version read from the store
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once
         self._version = 0  # without a store: this process's own count
+        self._read_for: object = None  # the run whose start read every row
+        self._read_all_at = 0.0  # when every row is read again (the loop's time)
 
     @property
     def _table(self) -> ScheduleTable | None:
@@ -130,6 +136,7 @@ class ScheduleBook:
         table = self._table
         row: ScheduleRow | None
         if table is None:
+            warn_if_in_several_processes(self._parts.logger, name)
             row = None if name in self.schedules else self._local(name, task, spec)
         else:
             row = await self._write("create", name, partial(table.create, name, task, spec))
@@ -183,14 +190,23 @@ class ScheduleBook:
         table = self._table
         if table is not None:
             with anyio.fail_after(_CHANGE_WAIT * self._store_timeout()):
-                rows = await table.changes(0)
-            live = {row.name for row in rows}
-            for row in rows:
-                self._apply_newer(row)
-            for gone in [n for n in self.schedules if n not in live]:
-                # Removed elsewhere, and the removal's row already pruned.
-                self._apply(ScheduleRow(gone, "", "", self.schedules[gone].version + 1, 0, True))
+                await self._read_all(table)
         return sorted(self.schedules.values(), key=lambda s: s.name)
+
+    async def _read_all(self, table: ScheduleTable) -> None:
+        """Every live row, applied where newer; the schedules known here and gone
+        from the store (removed while this instance was away, the removal's row
+        pruned since) are removed here too."""
+        before = self._seen
+        rows = await table.changes(0)
+        for row in rows:
+            self._apply_newer(row)
+        live = {row.name for row in rows}
+        # Only what was known before the read began: a schedule made here while
+        # it went is not in its answer.
+        gone = [s for s in self.schedules.values() if s.name not in live and s.version <= before]
+        for stored in gone:
+            self._apply(ScheduleRow(stored.name, stored.task, "", stored.version, 0.0, True))
 
     async def _current(self, name: str) -> StoredSchedule:
         table = self._table
@@ -241,9 +257,15 @@ class ScheduleBook:
     # -- reading the store's changes ------------------------------------------
 
     async def sync(self) -> None:
-        """The changes made since the last read (each heartbeat), applied."""
+        """The changes made since the last read (each heartbeat), applied; at the
+        first beat of each start and every ``READ_ALL_EVERY``, every row."""
         table = self._table
         if table is None:
+            return
+        running, now = self._life.running, anyio.current_time()
+        if running is not self._read_for or now >= self._read_all_at:
+            await self._read_all(table)
+            self._read_for, self._read_all_at = running, now + READ_ALL_EVERY
             return
         store = self._parts.store
         assert store is not None
@@ -251,9 +273,8 @@ class ScheduleBook:
         # deadline (twice its timeout): a change stamped earlier than the last
         # seen may commit after that was read. Read again from that far back;
         # what is applied already is skipped.
-        since = 0 if not self._seen else max(1, self._seen - int(3 * store.timeout * 1e6))
-        rows = await table.changes(since)
-        for row in rows:
+        since = max(1, self._seen - int(3 * store.timeout * 1e6))
+        for row in await table.changes(since):
             self._apply_newer(row)
 
     def _apply_newer(self, row: ScheduleRow) -> None:

@@ -239,7 +239,8 @@ class Scheduler(ScheduleMethods):
 
     @property
     def jobs(self) -> Mapping[str, Job]:
-        """The declared jobs, by name."""
+        """The jobs, by name: declared ones, and those of the schedules made at run
+        time that this instance runs (their `Job.task` names the task)."""
         return self._seam.jobs
 
     # -- running ----------------------------------------------------------

@@ -58,7 +58,8 @@ class Seam:
 
     @property
     def jobs(self) -> Mapping[str, Job]:
-        """The declared jobs, by name (in declaration order)."""
+        """The jobs, by name: those declared (in declaration order), then those of
+        the schedules made at run time that this instance runs."""
         return {name: runner.job for name, runner in self._parts.runners.items()}
 
     def runners(self) -> list[JobRunner]:

@@ -12,7 +12,7 @@ from ._parts import Parts
 from ._runner import JobRunner
 from ._status import pause_end, utc
 
-__all__ = ["log_start", "warn_if_unclaimed_in_several_processes"]
+__all__ = ["log_start", "warn_if_in_several_processes", "warn_if_unclaimed_in_several_processes"]
 
 # Start-up lines name each job up to this many; then one line counts the rest.
 _LISTED_AT_START = 50
@@ -64,6 +64,18 @@ def warn_if_unclaimed_in_several_processes(parts: Parts) -> None:
             "to run each tick once, or every_instance=True for jobs that may run "
             "everywhere.",
             ", ".join(unclaimed),
+        )
+
+
+def warn_if_in_several_processes(logger: logging.Logger, schedule: str) -> None:
+    """A schedule made at run time without a store lives in the process that
+    made it: with several, in one of them (the one a request reached)."""
+    if _several_processes():
+        logger.warning(
+            "schedule %r is kept in this process only: the app runs in several processes "
+            "and has no store, so the others neither run it nor know it. Pass "
+            "Scheduler(store=SQLAlchemyStore(...)) to keep schedules in the database.",
+            schedule,
         )
 
 
