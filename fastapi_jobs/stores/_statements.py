@@ -1,6 +1,6 @@
-"""The store's writes as SQL: claims, re-claims of abandoned hand-offs,
-releases (with their history rows), renewals, heartbeats, pause changes, and
-the history's retention; and `Statements`, which holds them built for one database.
+"""The store's writes as SQL: releases (with their history rows), renewals,
+heartbeats, pause changes, and the retention of the history; and `Statements`,
+which holds them (and the claims of ``_claim_statements``) built for one database.
 
 Every time comparison uses the database's clock (``_db_clock``). Statements
 name every bind ``b_...``: the batch ones (claims, releases) run as driver SQL
@@ -17,7 +17,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._batches import Compiled, rows_cte
-from ._db_clock import db_now, db_received
+from ._claim_statements import claim, reclaim
+from ._db_clock import db_now
 from ._tables import Tables
 
 __all__ = ["Statements"]
@@ -154,124 +155,6 @@ def pause(pauses: sa.Table, insert: Insert) -> Any:
         },
         where=in_time,  # again once the row is locked: a wait for it counts
     ).returning(p.c.version)
-
-
-def claim(
-    claims: sa.Table,
-    pauses: sa.Table,
-    insert: Insert,
-    dialect: str,
-    schedules: sa.Table | None = None,
-    *,
-    manual: bool = False,
-) -> Any:
-    """The claim of many jobs in one statement (rows as in ``rows_cte``); every
-    bind is a named one. A paused job's tick is not claimed, unless ``manual``
-    (an operator asked for the run); with ``schedules``, see `_current`."""
-    c, p, now = claims, pauses, db_now()
-    lease = sa.bindparam("b_lease", type_=sa.Double)
-    columns = {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}
-    wanted = rows_cte("wanted", columns, dialect)
-    # Rows that may be claimed at all: the tick is not in the future on the
-    # database's clock (a host whose clock jumped ahead must not move
-    # `last_tick` past the ticks the others are about to claim), and the
-    # statement did not wait past the timeout (its caller gave up).
-    conditions = [
-        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
-        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
-    ]
-    if not manual:
-        # A pause taken on any instance holds from the next claim on: one
-        # primary-key probe per row, in the claim's own statement.
-        conditions.append(_not_paused(p, wanted.c.job, now))
-    if schedules is not None:
-        conditions.append(_current(schedules, wanted))
-    due = sa.select(
-        wanted.c.job,
-        wanted.c.tick,
-        sa.literal_column("1", sa.BigInteger),
-        sa.bindparam("b_owner", type_=sa.String),
-        now + lease,
-        now,
-    ).where(*conditions)
-    new = insert(c).from_select(
-        ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
-    )
-    # A tick must be newer than the last one claimed (so a tick never runs
-    # twice), and the previous lease must be free (so runs never overlap
-    # across instances). Rows that fail return nothing. (A job's very first
-    # claim inserts its row.) The last run's end (finished_at, outcome, error,
-    # duration) stays until this run's release: while a run goes, the status
-    # shows the run before it, not nothing.
-    return new.on_conflict_do_update(
-        index_elements=[c.c.job],
-        set_={
-            "last_tick": new.excluded.last_tick,
-            "fence": c.c.fence + sa.literal_column("1", sa.BigInteger),
-            "owner": new.excluded.owner,
-            "lease_until": new.excluded.lease_until,
-            "started_at": new.excluded.started_at,
-        },
-        where=sa.and_(
-            c.c.last_tick < new.excluded.last_tick,
-            sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
-        ),
-    ).returning(c.c.job, c.c.fence)
-
-
-def _current(schedules: sa.Table, wanted: Any) -> Any:
-    """The schedule of ``wanted``'s job is the one its claimer runs: a stored
-    schedule's tick (a row with a third value, its version) is claimed only
-    under the version its row has, so that a change or a removal made on any
-    instance holds from the next claim on, before the claimer has read it; a
-    declared job's (two values) only while no live stored schedule has its
-    name. One primary-key probe per row."""
-    s, version = schedules, wanted.c.version
-    return ~sa.exists().where(
-        s.c.name == wanted.c.job,
-        sa.or_(
-            sa.and_(version.is_(None), s.c.removed == sa.false()),
-            sa.and_(version.is_not(None), s.c.version != version),
-        ),
-    )
-
-
-def _not_paused(pauses: sa.Table, job: Any, now: Any) -> Any:
-    p = pauses
-    return ~sa.exists().where(
-        p.c.job == job,
-        p.c.paused == sa.true(),
-        sa.or_(p.c.until.is_(None), p.c.until > now),
-    )
-
-
-def reclaim(claims: sa.Table, pauses: sa.Table, dialect: str) -> Any:
-    """The claim again of abandoned hand-off ticks (rows ``(job, tick)`` as in
-    ``rows_cte``): a row is taken over, with a new fence, owner and lease, only
-    while it still holds that very tick, claimed and never released, its lease
-    over on the database's clock. Only for hand-off jobs, whose enqueue is keyed
-    by the tick (a second one is refused by the queue): an in-process run is
-    never claimed twice. Paused jobs and deadlines as for `claim`."""
-    c, now = claims, db_now()
-    wanted = rows_cte("wanted", {"job": sa.String, "tick": sa.Double}, dialect)
-    return (
-        sa.update(c)
-        .where(
-            c.c.job == wanted.c.job,
-            c.c.last_tick == wanted.c.tick,
-            c.c.lease_until.is_not(None),
-            c.c.lease_until < now,
-            now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
-            _not_paused(pauses, c.c.job, now),
-        )
-        .values(
-            fence=c.c.fence + sa.literal_column("1", sa.BigInteger),
-            owner=sa.bindparam("b_owner", type_=sa.String),
-            lease_until=now + sa.bindparam("b_lease", type_=sa.Double),
-            started_at=now,
-        )
-        .returning(c.c.job, c.c.fence)
-    )
 
 
 _ENDED = {
