@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
 from fastapi_jobs._distribution import NAME
 from fastapi_jobs._job import DEFAULTS
+from fastapi_jobs._stored import ScheduleOptions
 
 from .conftest import serve
 from .support.postgres import PostgresServer
@@ -310,6 +311,11 @@ def test_the_api_table_gives_each_call_its_real_parameters() -> None:
             params |= {  # **options: Unpack[JobOptions], with the defaults they get
                 key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value)
                 for key, value in DEFAULTS.items()
+            }
+        if any("ScheduleOptions" in str(p.annotation) for p in signature.parameters.values()):
+            params |= {  # **options: Unpack[ScheduleOptions]: a stored schedule's options
+                key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY)
+                for key in ScheduleOptions.__optional_keys__
             }
         named: set[str] = set()
         for args in mentions:

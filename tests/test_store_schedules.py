@@ -10,6 +10,8 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -25,7 +27,9 @@ from fastapi_jobs import (
 )
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from .conftest import serve
 from .support.waiting import poll
+from .test_docs import blocks
 from .test_store import opened
 
 HEARTBEAT = 0.2
@@ -221,3 +225,49 @@ async def test_a_write_to_a_store_that_is_down_changes_nothing(database_url: str
         with pytest.raises(ConfigurationError, match="no task named"):
             await scheduler.add_schedule("x", "nope", Every(hours=1))
         assert "x" not in scheduler.jobs
+
+
+# -- the docs' example ---------------------------------------------------------
+
+
+async def test_the_tenant_example_makes_changes_and_removes_over_http(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/schedules.md's app, as its reader runs it: PUT makes the tenant's
+    schedule and re-times it, bad input is a 422, DELETE removes it, and the
+    schedule is back in a second start of the app."""
+    (code,) = [c for p, c in blocks("python") if p.name == "schedules.md" and "app =" in c]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JOBS_TOKEN", "t")
+    admin = ("admin", "t")
+
+    def load() -> Any:
+        namespace: dict[str, Any] = {"__name__": "docs_schedules"}
+        exec(compile(code, "docs/schedules.md", "exec"), namespace)
+        return namespace
+
+    first = load()
+    async with serve(first["app"]) as client:
+        body = {"hour": 7, "tz": "Europe/Lisbon", "recipients": ["ops@acme.example"]}
+        assert (await client.put("/tenants/acme/report", json=body)).status_code == 401
+        made = await client.put("/tenants/acme/report", json=body, auth=admin)
+        assert made.status_code == 200, made.text
+        assert made.json()["schedule"] == {"cron": "0 7 * * *", "tz": "Europe/Lisbon"}
+        retimed = await client.put("/tenants/acme/report", json={**body, "hour": 9}, auth=admin)
+        assert retimed.json()["version"] > made.json()["version"]
+        bad = await client.put(
+            "/tenants/acme/report", json={**body, "tz": "Mars/Olympus"}, auth=admin
+        )
+        assert bad.status_code == 422 and "unknown timezone 'Mars/Olympus'" in bad.text
+        await client.put("/tenants/zeta/report", json=body, auth=admin)
+        jobs = {job["name"]: job for job in (await client.get("/jobs", auth=admin)).json()}
+        assert jobs["report:acme"]["task"] == "tenant_report"
+        assert jobs["report:acme"]["schedule"].startswith("cron '0 9 * * *' Europe/Lisbon")
+        assert (await client.delete("/tenants/zeta/report", auth=admin)).status_code == 204
+        assert (await client.delete("/tenants/zeta/report", auth=admin)).status_code == 404
+    second = load()
+    async with serve(second["app"]):
+        stored = await second["scheduler"].schedules()
+    assert [(s.name, s.kwargs["recipients"]) for s in stored] == [
+        ("report:acme", ["ops@acme.example"])
+    ]
