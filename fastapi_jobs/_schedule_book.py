@@ -1,12 +1,9 @@
-"""The schedules made at run time of one scheduler, and their jobs.
+"""The schedules made at run time of one scheduler.
 
 The book keeps the functions schedules may name (``Scheduler.task``) and every
-stored schedule this instance knows of. A schedule it can run becomes a job
-like a declared one: a `Job` of the function with the schedule's arguments
-bound, and its runner in the scheduler's runners (so claims, pauses, retries,
-history, status, metrics and the page treat it as any other). A change makes a
-new job and runner, which takes over the old one's stats; the old one ends
-after its run in flight. With a store, the store's table is the truth: a
+stored schedule this instance knows of; the ones it can run become jobs like
+declared ones (``_stored_jobs``: claims, pauses, retries, history, status,
+metrics and the page treat them as any other). With a store, the store's table is the truth: a
 change is written there first, applied here at once, and read by the other
 instances at their next heartbeat (`sync`: the rows changed since the last
 version seen), while the claim of each tick checks the version, so that no
@@ -26,9 +23,7 @@ import anyio
 from ._checks import check_name
 from ._declaring import RESERVED
 from ._errors import ConfigurationError, JobNotFoundError, StoreError, UnconfirmedError
-from ._job import Job
 from ._parts import Parts
-from ._runner import JobRunner
 from ._running import Life
 from ._schedules import Schedule
 from ._startup import warn_if_in_several_processes
@@ -44,6 +39,7 @@ from ._stored import (
     encode,
     task_of,
 )
+from ._stored_jobs import StoredJobs
 
 __all__ = ["ScheduleBook"]
 
@@ -62,12 +58,11 @@ class ScheduleBook:
     def __init__(self, parts: Parts, life: Life, forget_pause: Callable[[str], None]) -> None:
         self._parts = parts
         self._life = life
-        self._forget_pause = forget_pause
         self.tasks: dict[str, tuple[Task, bool]] = {}
         """By name: the function, and whether it takes the run's context."""
         self.schedules: dict[str, StoredSchedule] = {}
         """Every stored schedule this instance knows of, run here or not."""
-        self._runners: dict[str, JobRunner] = {}  # the jobs of the ones run here
+        self._jobs = StoredJobs(parts, life, forget_pause)  # of the ones run here
         self._seen = 0  # the highest version read from the store
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once
         self._version = 0  # without a store: this process's own count
@@ -111,12 +106,12 @@ class ScheduleBook:
         options = check_stored_options(name, options)
         spec = encode(schedule, kwargs, options)
         # The job's own checks, now rather than on every instance later.
-        self._job(StoredSchedule(name, task, schedule, kwargs, options))
+        self._jobs.build(StoredSchedule(name, task, schedule, kwargs, options), self.tasks)
         return task, spec
 
     def _refuse_declared(self, name: str) -> str:
         name = check_name(name)
-        if name in RESERVED or (name in self._parts.runners and name not in self._runners):
+        if name in RESERVED or (name in self._parts.runners and not self._jobs.runs(name)):
             raise ConfigurationError(
                 f"schedule {name!r}: a declared job has that name (or a route does): "
                 "choose another name"
@@ -142,7 +137,7 @@ class ScheduleBook:
             row = await self._write("create", name, partial(table.create, name, task, spec))
         if row is None:
             raise ConfigurationError(f"a schedule named {name!r} exists: change it instead")
-        return self._apply(row)
+        return self._applied(row)
 
     async def update(
         self,
@@ -170,7 +165,7 @@ class ScheduleBook:
             change = partial(table.change, name, new_task, spec, current.version)
             row = await self._write("change", name, change)
             if row is not None:
-                return self._apply(row)
+                return self._applied(row)
         raise StoreError(f"schedule {name!r} keeps changing elsewhere: ask again")
 
     async def remove(self, name: str) -> None:
@@ -183,7 +178,7 @@ class ScheduleBook:
         row = await self._write("remove", name, partial(table.remove, name))
         if row is None:
             raise self._not_found(name)
-        self._apply(row)
+        self._applied(row)
 
     async def list(self) -> list[StoredSchedule]:
         """Every schedule, as the store has it now (and applied here)."""
@@ -277,6 +272,16 @@ class ScheduleBook:
         for row in await table.changes(since):
             self._apply_newer(row)
 
+    def _applied(self, row: ScheduleRow) -> StoredSchedule:
+        """A row this instance wrote, applied unless a heartbeat's read applied it
+        (or a newer change) while the write's answer came back."""
+        known = self.schedules.get(row.name)
+        if known is not None and known.version >= row.version:
+            return known
+        if known is None and row.removed and row.version <= self._seen:
+            return StoredSchedule(row.name, row.task, _UNREADABLE, version=row.version)
+        return self._apply(row)
+
     def _apply_newer(self, row: ScheduleRow) -> None:
         known = self.schedules.get(row.name)
         if known is not None and known.version >= row.version:
@@ -295,7 +300,7 @@ class ScheduleBook:
         name, logger = row.name, self._parts.logger
         if row.removed:
             gone = self.schedules.pop(name, None)
-            self._retire(name)
+            self._jobs.retire(name)
             logger.info("schedule %r removed", name, extra={"job": name})
             return gone or StoredSchedule(name, row.task, _UNREADABLE, version=row.version)
         known = row.task in self.tasks
@@ -308,15 +313,15 @@ class ScheduleBook:
         if not known:
             self._leave_alone(row, f"it names the task {row.task!r}, which this instance lacks")
             return stored
-        if name in self._parts.runners and name not in self._runners:
+        if name in self._parts.runners and not self._jobs.runs(name):
             self._leave_alone(row, "a job declared in this release's code has its name")
             return stored
         try:
-            job = self._job(stored)
+            job = self._jobs.build(stored, self.tasks)
         except ConfigurationError as exc:
             self._leave_alone(row, str(exc))
             return stored
-        self._install(job, stored.version)
+        self._jobs.install(job, stored.version)
         logger.info(
             "schedule %r (version %d): task %r %s",
             name,
@@ -328,7 +333,7 @@ class ScheduleBook:
         return stored
 
     def _leave_alone(self, row: ScheduleRow, why: str) -> None:
-        self._retire(row.name)
+        self._jobs.retire(row.name)
         if (row.name, row.version) not in self._told:
             self._told.add((row.name, row.version))
             self._parts.logger.warning(
@@ -337,51 +342,6 @@ class ScheduleBook:
                 why,
                 extra={"job": row.name},
             )
-
-    def _job(self, stored: StoredSchedule) -> Job:
-        func, _ = self.tasks[stored.task]
-        bound = partial(func, **stored.kwargs) if stored.kwargs else func
-        options: dict[str, Any] = {"name": stored.name, **stored.options}
-        return Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
-
-    def _install(self, job: Job, version: int) -> None:
-        parts = self._parts
-        runner = JobRunner(job, parts.ticking, parts.logger, parts.leases, parts.history)
-        runner.observers = parts.observers or None
-        old = self._runners.get(job.name)
-        if old is None:
-            self._forget_pause(job.name)  # the store's pause of the name applies anew
-        else:
-            # The schedule's job goes on, under its new spec: its counts, its
-            # history and its pause are the same job's.
-            runner.stats, runner.history, runner.thread_done = (
-                old.stats,
-                old.history,
-                old.thread_done,
-            )
-            runner.paused_until, runner.pause_unknown = old.paused_until, old.pause_unknown
-        self._runners[job.name] = parts.runners[job.name] = runner
-        if runner.leases is not None:
-            parts.versions[job.name] = version
-        else:
-            parts.versions.pop(job.name, None)
-        if old is not None:
-            old.retired = True  # its stats are the new runner's from now on
-            old.stop()  # after its run in flight
-        running = self._life.running
-        if running is not None:
-            running.adopt(runner)
-
-    def _retire(self, name: str) -> None:
-        old = self._runners.pop(name, None)
-        if old is None:
-            return
-        self._parts.runners.pop(name, None)
-        self._parts.versions.pop(name, None)
-        old.stop()  # after its run in flight
-        running = self._life.running
-        if running is not None:
-            running.let_go()
 
 
 class _Unreadable(Schedule):

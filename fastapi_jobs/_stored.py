@@ -175,13 +175,19 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
         raise ConfigurationError(f"{said}{short(kwargs)}: pass a dict with string keys")
     try:
         copied = json.loads(json.dumps(dict(kwargs), allow_nan=False))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(f"{said}{short(kwargs)}: not JSON values ({exc})") from None
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):
         return dict(copied)
-    params = list(signature.parameters.values())[1 if takes_context else 0 :]
+    params = list(signature.parameters.values())
+    if takes_context:
+        context = params.pop(0).name
+        if context in copied:
+            raise ConfigurationError(
+                f"{said}: {context!r} is the run's context, which the scheduler passes"
+            )
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in params)
     names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     unknown = sorted(set(copied) - names) if not accepts_any else []

@@ -34,6 +34,13 @@ class Weekdays(Schedule):
         return "weekdays"
 
 
+def deep(levels: int) -> list[Any]:
+    nested: list[Any] = []
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
 def with_report(ran: list[tuple[str, float]]) -> Scheduler:
     scheduler = virtual_scheduler()
 
@@ -183,6 +190,8 @@ async def test_bad_schedules_are_refused_saying_which() -> None:
         ({"kwargs": {"tenant": object()}}, r"not JSON values"),
         ({"kwargs": {"tenant": float("nan")}}, r"not JSON values"),
         ({"kwargs": ["tenant"]}, r"pass a dict with string keys"),
+        ({"kwargs": {"tenant": "a", "ctx": 1}}, r"'ctx' is the run's context"),
+        ({"kwargs": {"tenant": deep(100_000)}}, r"not JSON values"),
         ({"kwargs": {"tenant": "x" * 70000}}, r"the most is 65536"),
         ({"name": "declared"}, r"a declared job has that name"),
         ({"name": "instances"}, r"a declared job has that name \(or a route does\)"),
@@ -258,3 +267,21 @@ async def test_a_schedule_is_logged_when_made_and_removed(caplog: pytest.LogCapt
     text = caplog.text
     assert "schedule 'r' (version 1): task 'report' cron '0 7 * * *' Europe/Lisbon" in text
     assert "schedule 'r' removed" in text
+
+
+async def test_a_declared_pause_follows_the_spec_and_an_operators_pause_holds() -> None:
+    ran: list[tuple[str, float]] = []
+    scheduler = with_report(ran)
+    async with scheduler.running():
+        await scheduler.add_schedule(
+            "r", "report", Every(seconds=10), kwargs={"tenant": "a"}, paused=True
+        )
+        await anyio.sleep(15)
+        assert ran == []
+        await scheduler.update_schedule("r", paused=False)  # the spec's own default
+        await anyio.sleep(10)  # 20 runs
+        await scheduler.pause("r")  # an operator's pause holds across a change
+        await scheduler.update_schedule("r", kwargs={"tenant": "b"})
+        await anyio.sleep(20)
+        assert scheduler.job_status("r").paused
+    assert ran == [("a", 20.0)]
