@@ -308,7 +308,11 @@ class ScheduleBook:
             stored = decode(row, known)
         except ConfigurationError as exc:
             self._leave_alone(row, f"its spec cannot be read by this release ({exc})")
-            return StoredSchedule(name, row.task, _UNREADABLE, version=row.version, known=False)
+            unreadable = StoredSchedule(
+                name, row.task, _UNREADABLE, version=row.version, known=False
+            )
+            self.schedules[name] = unreadable  # listed, as this instance sees it
+            return unreadable
         self.schedules[name] = stored
         if not known:
             self._leave_alone(row, f"it names the task {row.task!r}, which this instance lacks")

@@ -82,11 +82,16 @@ class StoredSchedule:
     leaves the schedule alone)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Its JSON form, as the API and the CLI show it."""
+        """Its JSON form, as the API and the CLI show it (``schedule`` None: a
+        spec this release cannot read)."""
+        try:
+            data: dict[str, Any] | None = schedule_data(self.schedule)
+        except ConfigurationError:
+            data = None
         return {
             "name": self.name,
             "task": self.task,
-            "schedule": schedule_data(self.schedule),
+            "schedule": data,
             "describe": self.schedule.describe(),
             "kwargs": dict(self.kwargs),
             "options": dict(self.options),

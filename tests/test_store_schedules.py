@@ -271,3 +271,24 @@ async def test_the_tenant_example_makes_changes_and_removes_over_http(
     assert [(s.name, s.kwargs["recipients"]) for s in stored] == [
         ("report:acme", ["ops@acme.example"])
     ]
+
+
+async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row written by a newer release (or by hand): listed as unknown, not run,
+    not deleted, said once."""
+    async with opened(database_url) as (store, _):
+        await store.schedules.create("newer", "report", '{"schedule":{"weekly":1},"kwargs":{}}')
+    ran: Ran = Counter()
+    scheduler = instance(database_url, ran)
+    caplog.set_level(logging.WARNING, logger="fastapi_jobs")
+    async with running(scheduler):
+        listed = await scheduler.schedules()
+        await scheduler.schedules()  # read again: said once
+        assert "newer" not in scheduler.jobs
+    assert [(s.name, s.known, s.to_dict()["schedule"]) for s in listed] == [
+        ("newer", False, None)
+    ]
+    said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
+    assert len(said) == 1 and "cannot be read by this release" in said[0]
