@@ -14,7 +14,8 @@ itself is the truth, for this process.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -94,7 +95,8 @@ class ScheduleBook:
     ) -> tuple[str, str]:
         """The task's name and the spec, or `ConfigurationError` saying what is wrong."""
         if not isinstance(task, str):
-            task = getattr(task, "__name__", task)
+            # The function itself: the name it was registered under.
+            task = next((n for n, (f, _) in self.tasks.items() if f is task), task)
         if not isinstance(task, str) or task not in self.tasks:
             known = ", ".join(repr(t) for t in sorted(self.tasks)[:20]) or "none"
             raise ConfigurationError(
@@ -184,7 +186,7 @@ class ScheduleBook:
         """Every schedule, as the store has it now (and applied here)."""
         table = self._table
         if table is not None:
-            with anyio.fail_after(_CHANGE_WAIT * self._store_timeout()):
+            async with self._reading("read the schedules"):
                 await self._read_all(table)
         return sorted(self.schedules.values(), key=lambda s: s.name)
 
@@ -208,12 +210,24 @@ class ScheduleBook:
         if table is None:
             found = self.schedules.get(name)
         else:
-            with anyio.fail_after(_CHANGE_WAIT * self._store_timeout()):
+            async with self._reading(f"change schedule {name!r}"):
                 row = await table.get(name)
             found = None if row is None else decode(row, row.task in self.tasks)
         if found is None:
             raise self._not_found(name)
         return found
+
+    @asynccontextmanager
+    async def _reading(self, what: str) -> AsyncIterator[None]:
+        """A read of the store's table, under its deadline: any failure is a
+        `StoreError` saying what could not be done (nothing changed)."""
+        try:
+            with anyio.fail_after(_CHANGE_WAIT * self._store_timeout()):
+                yield
+        except Exception as exc:
+            raise StoreError(
+                f"cannot {what}: the store could not be read ({ErrorInfo.of(exc)}); nothing changed"
+            ) from exc
 
     def _not_found(self, name: str) -> JobNotFoundError:
         return JobNotFoundError(name, sorted(self.schedules), kind="schedule")

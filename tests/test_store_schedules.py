@@ -224,6 +224,12 @@ async def test_a_write_to_a_store_that_is_down_changes_nothing(database_url: str
             await scheduler.add_schedule("x", "report", Every(hours=1), kwargs={"tenant": "a"})
         with pytest.raises(ConfigurationError, match="no task named"):
             await scheduler.add_schedule("x", "nope", Every(hours=1))
+        with pytest.raises(StoreError, match=r"cannot read the schedules: .*nothing changed"):
+            await scheduler.schedules()
+        with pytest.raises(StoreError, match=r"cannot change schedule 'x': the store could not"):
+            await scheduler.update_schedule("x", kwargs={"tenant": "b"})
+        with pytest.raises(StoreError, match=r"cannot remove schedule 'x'.*nothing changed"):
+            await scheduler.remove_schedule("x")
         assert "x" not in scheduler.jobs
 
 
@@ -287,8 +293,6 @@ async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
         listed = await scheduler.schedules()
         await scheduler.schedules()  # read again: said once
         assert "newer" not in scheduler.jobs
-    assert [(s.name, s.known, s.to_dict()["schedule"]) for s in listed] == [
-        ("newer", False, None)
-    ]
+    assert [(s.name, s.known, s.to_dict()["schedule"]) for s in listed] == [("newer", False, None)]
     said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
     assert len(said) == 1 and "cannot be read by this release" in said[0]
