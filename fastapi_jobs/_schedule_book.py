@@ -335,6 +335,10 @@ class ScheduleBook:
             self._leave_alone(row, "a job declared in this release's code has its name")
             return stored
         try:
+            # The task of this release may take other arguments than the one
+            # the schedule was made for: checked here, not at each run.
+            func, takes_context = self.tasks[stored.task]
+            check_kwargs(stored.task, func, takes_context, stored.kwargs)
             job = self._jobs.build(stored, self.tasks)
         except ConfigurationError as exc:
             self._leave_alone(row, str(exc))

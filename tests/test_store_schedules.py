@@ -296,3 +296,25 @@ async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
     assert [(s.name, s.known, s.to_dict()["schedule"]) for s in listed] == [("newer", False, None)]
     said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
     assert len(said) == 1 and "cannot be read by this release" in said[0]
+
+
+async def test_arguments_this_releases_task_does_not_take_leave_the_schedule_alone(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release whose task renamed a parameter: the schedules made for the old
+    one are left alone (said why), not run to fail at every tick."""
+    ran: Ran = Counter()
+    old = instance(database_url, ran)
+    async with running(old):
+        await old.add_schedule("r", "report", Every(hours=1), kwargs={"tenant": "a"})
+    new = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=HEARTBEAT))
+
+    @new.task(name="report")
+    async def renamed(ctx: JobContext, tenant_id: str) -> None: ...
+
+    caplog.set_level(logging.WARNING, logger="fastapi_jobs")
+    async with running(new):
+        assert "r" not in new.jobs
+        assert [s.name for s in await new.schedules()] == ["r"]
+    said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
+    assert len(said) == 1 and "takes no argument 'tenant'" in said[0]
