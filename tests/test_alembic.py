@@ -145,7 +145,7 @@ async def test_alembic_makes_the_tables_and_the_store_claims_on_them(
     database_url: str,
     on_statement: Callable[[Callable[..., None]], None],
 ) -> None:
-    """Autogenerate with the page's env.py sees the store's four tables and the
+    """Autogenerate with the page's env.py sees the store's tables and the
     app's own; upgrade makes them; a second autogenerate finds nothing to change
     (types, index, server default compared); then a store with
     create_tables=False claims and runs a job on them, sending no DDL."""
@@ -154,6 +154,7 @@ async def test_alembic_makes_the_tables_and_the_store_claims_on_them(
     assert sorted(re.findall(r"op\.create_table\('(\w+)'", ops)) == [*STORE_TABLES, "notes"]
     assert sorted(re.findall(r"op\.create_index\(op\.f\('(\w+)'\)", ops)) == [
         "ix_fastapi_jobs_runs_job",
+        "ix_fastapi_jobs_sch_ver",
         "ix_notes_text",
     ]
     assert "info=" not in ops  # nothing of the store's own bookkeeping in the app's migration
