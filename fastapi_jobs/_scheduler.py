@@ -128,7 +128,7 @@ class Scheduler(ScheduleMethods):
                 parts.heartbeat.also.append(("the stored schedules", self._book.sync))
         self._reader = Reader(parts, self._life, pauses)
         self._operator = Operator(parts, self._life, self._reader)
-        self._seam = Seam(parts, self._life, self._reader, self._operator, pauses)
+        self._seam = Seam(parts, self._life, self._reader, self._operator, pauses, self._book)
         self._router: APIRouter | None = None
 
     @property
