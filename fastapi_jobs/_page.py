@@ -112,9 +112,12 @@ def render(
     query: str = "",
     total: int | None = None,
     matched: int | None = None,
+    unknown: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds):
-    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``."""
+    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``;
+    and the stored schedules this instance cannot run (``unknown``: each one's
+    name and task)."""
     total = len(statuses) if total is None else total
     matched = len(statuses) if matched is None else matched
     out = _head(links, now, total, running, instance)
@@ -135,6 +138,8 @@ def render(
         out.append(_table(statuses, runs, links, now, several))
     elif not query:
         out.append('<p class="empty">No jobs are declared.</p>\n')
+    if unknown:
+        out.append(_unknown(unknown))
     if view is not None:
         out.append(_instances(view, instance, now))
     out.append("</main>\n</body>\n</html>\n")
@@ -215,6 +220,11 @@ def _row(
     cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}')
     if status.hand_off is not None:  # its run is an enqueue: say where to
         cells.append(f'<br><span class="sub">hands off to {escape(status.hand_off)}</span>')
+    if status.task is not None:  # a row of the store, not the code
+        cells.append(
+            f'<br><span class="sub made">made at run time · task <code>{escape(status.task)}'
+            "</code></span>"
+        )
     cells.append("</td>")
     nxt = status.next_run_at
     if status.paused:  # its ticks are skipped: no countdown to one that will not run
@@ -320,6 +330,22 @@ def _filter(query: str, shown: int, matched: int, page: str) -> str:
         '<label for="q">Jobs whose name holds</label> '
         f'<input id="q" name="q" type="search" value="{escape(query)}" maxlength="200"> '
         f'<button type="submit">Filter</button> <span class="sub">{said}</span></form>\n'
+    )
+
+
+def _unknown(schedules: Sequence[tuple[str, str]]) -> str:
+    """The stored schedules whose task this release lacks: never silently gone."""
+    items = "".join(
+        f"<li><code>{escape(name)}</code> (task <code>{escape(task)}</code>)</li>"
+        for name, task in schedules[:PAGE_JOBS]
+    )
+    more = len(schedules) - PAGE_JOBS
+    if more > 0:
+        items += f'<li class="sub">and {more} more (GET /jobs/schedules lists them)</li>'
+    return (
+        f'<section class="unknown"><h2>Schedules this instance cannot run ({len(schedules)})'
+        '</h2><p class="sub">Their task is not in this release\'s code: the instances that '
+        "have it run them.</p><ul>" + items + "</ul></section>\n"
     )
 
 
