@@ -73,6 +73,11 @@ def add_parsers(commands: Any, target_help: str) -> None:
         parser.add_argument("name", help="the schedule's name (its job's)")
     add.add_argument("task", help="the task it runs (registered with @scheduler.task())")
     change.add_argument("--task", help="the task it runs from now on")
+    _add_spec_arguments(add, change)
+
+
+def _add_spec_arguments(add: argparse.ArgumentParser, change: argparse.ArgumentParser) -> None:
+    """What ``add`` and ``change`` take: the schedule, its arguments, its options."""
     for parser in (add, change):
         when = parser.add_mutually_exclusive_group(required=parser is add)
         when.add_argument("--every", type=float, metavar="SECONDS", help="an interval")

@@ -149,6 +149,10 @@ def add_schedule_changes(router: APIRouter, seam: Seam) -> None:
             fail(exc)
         return ScheduleInfo.of(made)
 
+    _add_change_and_removal(router, seam)
+
+
+def _add_change_and_removal(router: APIRouter, seam: Seam) -> None:
     @router.patch(
         "/schedules/{name}",
         response_model=ScheduleInfo,
