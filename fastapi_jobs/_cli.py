@@ -1,6 +1,11 @@
 """The ``fastapi-jobs`` command (also ``python -m fastapi_jobs``): list an app's
 jobs, show a cron expression's next run times, run a job once from outside
-(a Kubernetes CronJob, a host's crontab, a human).
+(a Kubernetes CronJob, a host's crontab, a human), and list, make, change and
+remove the schedules made at run time (``_cli_schedules``).
+
+Exit codes of every command: 0 done; 1 a failure (the store could not be
+reached; for ``run``, the run failed); 2 a usage error (bad input, an unknown
+name, a target that is not found).
 
 Exit codes of ``run``: 0 the run ended ok; 1 it failed or timed out (or the
 store could not be reached); 2 a usage error (unknown job, a target that is not
@@ -25,6 +30,7 @@ from typing import Any
 import anyio
 
 from ._cli_run import OK, run
+from ._cli_schedules import add_parsers, schedules
 from ._distribution import described
 from ._errors import ConfigurationError, JobNotFoundError
 from ._logging import FORMAT
@@ -56,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  fastapi-jobs list app.main:scheduler\n"
         '  fastapi-jobs next "0 7 * * mon-fri" --tz Europe/Lisbon -n 5\n'
-        "  fastapi-jobs run app.main:scheduler send_digest",
+        "  fastapi-jobs run app.main:scheduler send_digest\n"
+        "  fastapi-jobs schedules app.main:app",
         formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {described()}")
@@ -105,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run even if the current tick ran already or the job is paused (a run by "
         "hand, as POST /jobs/{name}/run: still never beside a run going elsewhere)",
     )
+    add_parsers(commands, _TARGET_HELP)
     return parser
 
 
@@ -118,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scheduler, app = load(args.target)
         if args.command == "list":
             return anyio.run(_list, scheduler, app, _count(args.n))
+        if args.command in ("schedules", "schedule"):
+            return anyio.run(schedules, scheduler, app, args)
         if args.job not in scheduler.jobs:
             raise UsageError(str(JobNotFoundError(args.job, list(scheduler.jobs))))
         return anyio.run(run, scheduler, app, args.job, args.force)

@@ -1,6 +1,7 @@
 """The control router: ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``,
-which the app must put behind its own auth (``Scheduler.control_router``), and
-which refuses cross-origin browser requests (CSRF)."""
+and the changes to schedules made at run time (``_schedule_routes``), which
+the app must put behind its own auth (``Scheduler.control_router``), and which
+refuses cross-origin browser requests (CSRF)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ._errors import (
 )
 from ._http import NO_STORE, NOT_FOUND, fail, from_page
 from ._page import notice_url
+from ._schedule_routes import add_schedule_changes
 from ._status import ErrorInfo, Outcome, PauseState
 
 if TYPE_CHECKING:
@@ -116,6 +118,7 @@ def build_control_router(seam: Seam, dependencies: Sequence[Any]) -> APIRouter:
     )
     _add_run(router, seam)
     _add_pauses(router, seam)
+    add_schedule_changes(router, seam)
     return router
 
 

@@ -4,6 +4,7 @@ The hierarchy::
 
     FastAPIJobsError
     ├── ConfigurationError      bad declaration: caught when the job is declared
+    │   └── NameTakenError      a schedule made under a name a live schedule has
     ├── JobNotFoundError        a job name the scheduler does not know
     ├── JobRunningError         asked to run a job that is already running
     ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
@@ -22,6 +23,7 @@ __all__ = [
     "JobNotFoundError",
     "JobRunningError",
     "LeaseLostError",
+    "NameTakenError",
     "NotRunningError",
     "StoreError",
     "UnconfirmedError",
@@ -38,6 +40,11 @@ class FastAPIJobsError(Exception):
 
 class ConfigurationError(FastAPIJobsError, ValueError):
     """Raised when a job, a schedule or the scheduler is declared wrongly."""
+
+
+class NameTakenError(ConfigurationError):
+    """Raised when a schedule is made under the name of a live schedule (the
+    control router answers 409: change that one instead)."""
 
 
 class JobNotFoundError(FastAPIJobsError, LookupError):

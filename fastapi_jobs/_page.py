@@ -12,15 +12,14 @@ without a flicker.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from html import escape
 from importlib.resources import files
 from typing import NamedTuple
 from urllib.parse import quote, urlencode
 
+from ._page_times import clock, countdown, iso, lasting, time_tag
 from ._status import ClusterView, JobStatus, RunRecord
 
 __all__ = [
@@ -113,9 +112,12 @@ def render(
     query: str = "",
     total: int | None = None,
     matched: int | None = None,
+    unknown: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds):
-    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``."""
+    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``;
+    and the stored schedules this instance cannot run (``unknown``: each one's
+    name and task)."""
     total = len(statuses) if total is None else total
     matched = len(statuses) if matched is None else matched
     out = _head(links, now, total, running, instance)
@@ -136,6 +138,8 @@ def render(
         out.append(_table(statuses, runs, links, now, several))
     elif not query:
         out.append('<p class="empty">No jobs are declared.</p>\n')
+    if unknown:
+        out.append(_unknown(unknown))
     if view is not None:
         out.append(_instances(view, instance, now))
     out.append("</main>\n</body>\n</html>\n")
@@ -155,12 +159,12 @@ def _head(links: Links, now: float, total: int, running: bool, instance: str) ->
         f'<script src="{escape(links.js)}" defer></script>\n',
         f'<noscript><meta http-equiv="refresh" content="{REFRESH * 3}"></noscript>\n',
         "</head>\n<body>\n",
-        f'<main id="jobs" data-refresh="{REFRESH}" data-now="{_iso(now)}">\n',
+        f'<main id="jobs" data-refresh="{REFRESH}" data-now="{iso(now)}">\n',
         "<header><h1>Jobs</h1>",
         f'<p class="meta">{total} job{"" if total == 1 else "s"} · ',
         "scheduler running" if running else '<strong class="bad">scheduler stopped</strong>',
         f" · answered by <code>{escape(instance)}</code> at "
-        f'<time datetime="{_iso(now)}">{_clock(now)}</time></p>',
+        f'<time datetime="{iso(now)}">{clock(now)}</time></p>',
         "</header>\n",
     ]
 
@@ -212,10 +216,15 @@ def _row(
         f'<td data-label="State"><span class="state {state.replace(" ", "-")}">{state}</span>',
     ]
     if status.paused and status.paused_until is not None:
-        cells.append(f'<br><span class="sub">until {_time(status.paused_until, now)}</span>')
+        cells.append(f'<br><span class="sub">until {time_tag(status.paused_until, now)}</span>')
     cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}')
     if status.hand_off is not None:  # its run is an enqueue: say where to
         cells.append(f'<br><span class="sub">hands off to {escape(status.hand_off)}</span>')
+    if status.task is not None:  # a row of the store, not the code
+        cells.append(
+            f'<br><span class="sub made">made at run time · task <code>{escape(status.task)}'
+            "</code></span>"
+        )
     cells.append("</td>")
     nxt = status.next_run_at
     if status.paused:  # its ticks are skipped: no countdown to one that will not run
@@ -224,8 +233,8 @@ def _row(
         cells.append('<td data-label="Next run"><span class="sub">—</span></td>')
     else:
         cells.append(
-            f'<td data-label="Next run"><time datetime="{_iso(nxt)}" '
-            f"data-countdown>{_countdown(nxt.timestamp() - now)}</time></td>"
+            f'<td data-label="Next run"><time datetime="{iso(nxt)}" '
+            f"data-countdown>{countdown(nxt.timestamp() - now)}</time></td>"
         )
     cells.append(f'<td data-label="Last run">{_last_run(status, now, several)}</td>')
     cells.append(f'<td data-label="Recent runs">{_chart(runs)}</td>')
@@ -255,11 +264,11 @@ def _last_run(status: JobStatus, now: float, several: bool) -> str:
         return '<span class="sub">—</span>'
     parts = []
     if finished is not None:
-        parts.append(_time(finished, now))
+        parts.append(time_tag(finished, now))
     if outcome is not None:
         parts.append(f'<span class="outcome {outcome}">{outcome.replace("_", " ")}</span>')
     if duration is not None:
-        parts.append(_duration(duration))
+        parts.append(lasting(duration))
     text = " · ".join(parts)
     if where and several:
         text += f'<br><span class="sub">on <code>{escape(where)}</code></span>'
@@ -283,7 +292,7 @@ def _chart(runs: Sequence[RunRecord]) -> str:
         duration = run.duration_s or 0.0
         h = max(2, round(height * duration / longest))
         when = "" if run.started_at is None else run.started_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-        tip = f"{when} · {outcome.replace('_', ' ')} · {_duration(duration)}"
+        tip = f"{when} · {outcome.replace('_', ' ')} · {lasting(duration)}"
         if run.error is not None:
             tip += f" · {run.error}"
         if run.queue_id is not None:
@@ -324,14 +333,30 @@ def _filter(query: str, shown: int, matched: int, page: str) -> str:
     )
 
 
+def _unknown(schedules: Sequence[tuple[str, str]]) -> str:
+    """The stored schedules whose task this release lacks: never silently gone."""
+    items = "".join(
+        f"<li><code>{escape(name)}</code> (task <code>{escape(task)}</code>)</li>"
+        for name, task in schedules[:PAGE_JOBS]
+    )
+    more = len(schedules) - PAGE_JOBS
+    if more > 0:
+        items += f'<li class="sub">and {more} more (GET /jobs/schedules lists them)</li>'
+    return (
+        f'<section class="unknown"><h2>Schedules this instance cannot run ({len(schedules)})'
+        '</h2><p class="sub">Their task is not in this release\'s code: the instances that '
+        "have it run them.</p><ul>" + items + "</ul></section>\n"
+    )
+
+
 def _instances(view: ClusterView, me: str, now: float) -> str:
     rows = []
     for inst in view.instances:
         mark = ' <span class="sub">(this one)</span>' if inst.id == me else ""
         rows.append(
             f"<tr><td><code>{escape(inst.id)}</code>{mark}</td><td>{escape(inst.hostname)}</td>"
-            f"<td>{inst.pid}</td><td>{_time(inst.started_at, now)}</td>"
-            f"<td>{_time(inst.seen_at, now)}</td></tr>"
+            f"<td>{inst.pid}</td><td>{time_tag(inst.started_at, now)}</td>"
+            f"<td>{time_tag(inst.seen_at, now)}</td></tr>"
         )
     return (
         f'<section class="instances"><h2>Instances ({len(view.instances)})</h2>'
@@ -343,54 +368,3 @@ def _instances(view: ClusterView, me: str, now: float) -> str:
 
 def notice_url(page: str, notice: str, job: str) -> str:
     return f"{page}?{urlencode({'notice': notice, 'job': job})}"
-
-
-# -- words for times ------------------------------------------------------------
-
-
-def _iso(ts: float | datetime) -> str:
-    at = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
-    return at.astimezone(UTC).isoformat(timespec="seconds")
-
-
-def _time(at: datetime, now: float) -> str:
-    iso = _iso(at)
-    return f'<time datetime="{iso}" title="{iso}">{_ago(now - at.timestamp())}</time>'
-
-
-def _ago(seconds: float) -> str:
-    if -1 < seconds < 1:
-        return "now"
-    words = _span(abs(seconds))
-    return f"{words} ago" if seconds > 0 else f"in {words}"
-
-
-def _countdown(seconds: float) -> str:
-    return "due" if seconds < 1 else f"in {_span(seconds)}"
-
-
-def _span(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "a long time"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 0.001:
-        return "<1 ms"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    return _span(seconds)

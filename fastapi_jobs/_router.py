@@ -1,6 +1,7 @@
 """The read-only router: JSON views of the jobs (``GET /jobs``, ``/jobs/{name}``,
-its runs, the instances) and the status page (``GET /jobs/ui``) with its assets.
-The control endpoints are in ``_control_router``."""
+its runs, the instances, the schedules made at run time) and the status page
+(``GET /jobs/ui``) with its assets. The control endpoints are in
+``_control_router``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ._control import MAX_RUNS
 from ._errors import ConfigurationError, JobNotFoundError, StoreError
 from ._http import NO_STORE, NOT_FOUND, fail, path_of
 from ._page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, render
+from ._schedule_routes import add_schedule_list
 from ._status import InstanceStatus, JobStatus, RunRecord
 
 if TYPE_CHECKING:
@@ -76,6 +78,7 @@ def _add_page(router: APIRouter, seam: Seam) -> None:
             query=q,
             total=len(statuses),
             matched=len(matched),
+            unknown=[(s.name, s.task) for s in seam.schedules_here() if not s.known],
         )
         return HTMLResponse(html, headers=_PAGE_HEADERS)
 
@@ -93,6 +96,8 @@ def _add_status(router: APIRouter, seam: Seam) -> None:
     async def list_instances() -> list[InstanceStatus]:
         view = await seam.cluster()
         return [] if view is None else view.instances
+
+    add_schedule_list(router, seam)  # before /{name}, as /instances
 
     @router.get(
         "/{name}",

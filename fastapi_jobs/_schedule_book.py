@@ -23,7 +23,13 @@ import anyio
 
 from ._checks import check_name
 from ._declaring import RESERVED
-from ._errors import ConfigurationError, JobNotFoundError, StoreError, UnconfirmedError
+from ._errors import (
+    ConfigurationError,
+    JobNotFoundError,
+    NameTakenError,
+    StoreError,
+    UnconfirmedError,
+)
 from ._parts import Parts
 from ._running import Life
 from ._schedules import Schedule
@@ -138,7 +144,7 @@ class ScheduleBook:
         else:
             row = await self._write("create", name, partial(table.create, name, task, spec))
         if row is None:
-            raise ConfigurationError(f"a schedule named {name!r} exists: change it instead")
+            raise NameTakenError(f"a schedule named {name!r} exists: change it instead")
         return self._applied(row)
 
     async def update(
@@ -152,6 +158,7 @@ class ScheduleBook:
     ) -> StoredSchedule:
         """Change what is given, keep the rest (the options given replace those
         of the same name). With a store, against the row as the store has it."""
+        name = check_name(name)  # before the store: a NUL is no name it can look up
         table = self._table
         for _ in range(_TRIES):
             current = await self._current(name)
@@ -171,6 +178,7 @@ class ScheduleBook:
         raise StoreError(f"schedule {name!r} keeps changing elsewhere: ask again")
 
     async def remove(self, name: str) -> None:
+        name = check_name(name)
         table = self._table
         if table is None:
             if name not in self.schedules:

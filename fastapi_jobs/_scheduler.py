@@ -128,7 +128,7 @@ class Scheduler(ScheduleMethods):
                 parts.heartbeat.also.append(("the stored schedules", self._book.sync))
         self._reader = Reader(parts, self._life, pauses)
         self._operator = Operator(parts, self._life, self._reader)
-        self._seam = Seam(parts, self._life, self._reader, self._operator, pauses)
+        self._seam = Seam(parts, self._life, self._reader, self._operator, pauses, self._book)
         self._router: APIRouter | None = None
 
     @property
@@ -358,8 +358,8 @@ class Scheduler(ScheduleMethods):
 
     @property
     def router(self) -> APIRouter:
-        """An ``APIRouter`` serving the status: ``GET /jobs``, ``GET /jobs/{name}``,
-        ``GET /jobs/{name}/runs``, ``GET /jobs/instances`` and the page ``GET /jobs/ui``.
+        """An ``APIRouter`` serving the status: ``GET /jobs``, ``/jobs/{name}``, its
+        ``/runs``, ``/jobs/instances``, ``/jobs/schedules`` and the page ``/jobs/ui``.
 
         Include it with the app's own dependencies to protect it:
         ``app.include_router(scheduler.router, dependencies=[Depends(admin)])``.
@@ -373,7 +373,8 @@ class Scheduler(ScheduleMethods):
     def control_router(
         self, *, dependencies: Sequence[Any] | None = None, public: bool = False
     ) -> APIRouter:
-        """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``.
+        """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause``, ``/resume``, and
+        ``POST /jobs/schedules``, ``PATCH`` and ``DELETE /jobs/schedules/{name}``.
 
         Pass the app's own auth:
         ``scheduler.control_router(dependencies=[Depends(require_admin)])``.

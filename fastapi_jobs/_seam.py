@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ._control import TriggeredRun
+from ._errors import FastAPIJobsError, StoreError
 from ._job import Job
 from ._operating import Operator
 from ._parts import Parts
@@ -23,8 +24,11 @@ from ._pausing import Pauses
 from ._reading import Reader
 from ._runner import JobRunner
 from ._running import Life, app_state
-from ._status import ClusterView, JobStatus, PauseState, RunRecord
+from ._schedule_book import ScheduleBook
+from ._schedules import Schedule
+from ._status import ClusterView, ErrorInfo, JobStatus, PauseState, RunRecord
 from ._store import Store
+from ._stored import StoredSchedule
 
 __all__ = ["Seam"]
 
@@ -33,13 +37,20 @@ class Seam:
     """A scheduler's internals, as far as its integrations need them."""
 
     def __init__(
-        self, parts: Parts, life: Life, reader: Reader, operator: Operator, pauses: Pauses
+        self,
+        parts: Parts,
+        life: Life,
+        reader: Reader,
+        operator: Operator,
+        pauses: Pauses,
+        book: ScheduleBook,
     ) -> None:
         self._parts = parts
         self._life = life
         self._reader = reader
         self._operator = operator
         self._pauses = pauses
+        self._book = book
 
     # -- what it is
 
@@ -108,6 +119,47 @@ class Seam:
     async def resume(self, name: str) -> PauseState:
         return await self._pauses.resume(name)
 
+    # -- schedules made at run time
+
+    def schedules_here(self) -> list[StoredSchedule]:
+        """The stored schedules as this instance last read them (each heartbeat),
+        those it cannot run included: the page's, which must not read every row
+        of the store at each refresh."""
+        return sorted(self._book.schedules.values(), key=lambda s: s.name)
+
+    async def schedules(self) -> list[StoredSchedule]:
+        """Every stored schedule, as the store has it now."""
+        return await _told(self._book.list(), "cannot read the schedules")
+
+    async def add_schedule(
+        self,
+        name: str,
+        task: str,
+        schedule: Schedule,
+        kwargs: Mapping[str, Any],
+        options: Mapping[str, Any],
+    ) -> StoredSchedule:
+        return await self._book.add(name, task, schedule, kwargs, options)
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        task: str | None,
+        schedule: Schedule | None,
+        kwargs: Mapping[str, Any] | None,
+        options: Mapping[str, Any],
+    ) -> StoredSchedule:
+        change = self._book.update(
+            name, task=task, schedule=schedule, kwargs=kwargs, options=options
+        )
+        # The book's writes say what they did; what else fails is its read of
+        # the row before the write.
+        return await _told(change, f"cannot read schedule {name!r}; nothing changed")
+
+    async def remove_schedule(self, name: str) -> None:
+        await self._book.remove(name)
+
     def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
         """Run ``service`` as a task of each run of the jobs (cancelled as they stop)."""
         self._parts.services.append((name, service))
@@ -117,3 +169,17 @@ class Seam:
         """The app's own lifespan entered (``Scheduler(lifespan=)``): what it yields."""
         async with app_state(self._parts.app_lifespan, app) as state:
             yield state
+
+
+T = TypeVar("T")
+
+
+async def _told(call: Awaitable[T], said: str) -> T:
+    """``call``'s answer; a failure that is not one of ours (a driver's, a
+    timeout's) as a `StoreError` saying ``said`` and why."""
+    try:
+        return await call
+    except FastAPIJobsError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"{said}: {ErrorInfo.of(exc)}") from exc

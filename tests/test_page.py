@@ -254,3 +254,51 @@ async def test_a_page_of_thousands_of_jobs_shows_a_bounded_part_and_filters() ->
     assert "100 match" in filtered and 'value="JOB09"' in filtered
     assert rows(nothing) == {} and "0 match" in nothing and 'value="&lt;none&gt;"' in nothing
     assert too_long.status_code == 422
+
+
+async def test_the_page_says_which_jobs_are_schedules_and_which_it_cannot_run(
+    tmp_path: Path,
+) -> None:
+    """A stored schedule's row names its task; the schedules whose task this
+    release lacks are listed once, below the jobs, their names as text."""
+    from fastapi_jobs._stored import encode
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    hostile = "<img src=x onerror=alert(1)>"
+    async with opened(url) as (store, _):
+        spec = encode(Every(hours=240), {}, {})
+        await store.schedules.create("legacy-sync", "gone_task", spec)
+        await store.schedules.create(hostile, "<b>old</b>", spec)
+    scheduler = Scheduler(store=SQLAlchemyStore(url, timeout=1, heartbeat=0.2))
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    @scheduler.every(hours=1)
+    async def declared() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        await scheduler.add_schedule("acme", "report", Every(hours=1), kwargs={"tenant": "a"})
+        page = (await client.get("/jobs/ui")).text
+    assert "made at run time · task <code>report</code>" in page_row(page, "acme")
+    assert "made at run time" not in page_row(page, "declared")
+    assert set(rows(page)) == {"declared", "acme"}  # the unknown ones are no jobs here
+    section = page[page.index('<section class="unknown">') :]
+    section = section[: section.index("</section>")]
+    assert "Schedules this instance cannot run (2)" in section
+    assert "<li><code>legacy-sync</code> (task <code>gone_task</code>)</li>" in section
+    assert "<code>&lt;img src=x onerror=alert(1)&gt;</code>" in section
+    assert "(task <code>&lt;b&gt;old&lt;/b&gt;</code>)" in section
+    assert "<img" not in page and "<b>" not in page
+
+
+@pytest.mark.looptime
+async def test_a_page_without_stored_schedules_has_no_such_section() -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def declared() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        page = (await client.get("/jobs/ui")).text
+    assert 'class="unknown"' not in page and "made at run time" not in page

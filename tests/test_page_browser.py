@@ -10,17 +10,23 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from .apps.page_app import HOSTILE, SCRIPT_ERROR
+from fastapi_jobs import Every
+from fastapi_jobs._stored import encode
+
+from .apps.page_app import HOSTILE, RARE, SCRIPT_ERROR
+from .conftest import open_store
 from .support.cluster import App
 from .support.waiting import wait_until
 
 PASSWORD = "s3cret-for-the-page"
-JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE]
+JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE, "tenant-report"]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -39,10 +45,31 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
+async def seed_schedules(url: str) -> None:
+    """Schedules made at run time before the app starts: one of its task, and
+    one of a task it lacks (an older release made it)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        async with open_store(engine) as store:
+            spec = encode(Every(hours=RARE), {"tenant": "acme"}, {})
+            await store.schedules.create("tenant-report", "report", spec)
+            await store.schedules.create(
+                "legacy-sync", "sync_ledger", encode(Every(hours=RARE), {}, {})
+            )
+    finally:
+        await engine.dispose()
+
+
 @pytest.fixture
 def app(tmp_path: Path, apps: list[App]) -> App:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'page.sqlite3'}"
+    # In a thread of its own: Playwright's sync API holds this one's event loop.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(anyio.run, seed_schedules, url).result()
     started = App(
-        f"sqlite+aiosqlite:///{tmp_path / 'page.sqlite3'}",
+        url,
         app="tests.apps.page_app:app",
         PASSWORD=PASSWORD,
     )
@@ -106,6 +133,7 @@ def test_the_page_shows_every_job_in_its_state_and_html_as_text(browser: Any, ap
         "held": "paused",
         "fresh": "never ran",
         HOSTILE: "failing",
+        "tenant-report": "never ran",
     }
     # A name and an error that are HTML show as text, and run nothing.
     hostile = page.locator("tr.job").nth(5)
@@ -114,6 +142,26 @@ def test_the_page_shows_every_job_in_its_state_and_html_as_text(browser: Any, ap
     assert page.locator("tr.job.failing svg.chart rect.failed").count() == 2
     assert page.locator("section.instances tbody tr").count() == 1
     assert watched.dialogs == [] and watched.errors == []
+
+
+def test_the_page_shows_the_schedules_made_at_run_time(browser: Any, app: App) -> None:
+    """A stored schedule's job says so under its schedule, with its task; the one
+    whose task this release lacks is listed once, below, and is no job here."""
+    watched = open_page(browser, app)
+    page = watched.page
+    row = page.locator("tr.job", has=page.locator("th code", has_text="tenant-report"))
+    assert row.locator(".made").inner_text() == "made at run time · task report"
+    assert page.locator("tr.job .made").count() == 1
+    unknown = page.locator("section.unknown")
+    assert unknown.locator("h2").inner_text() == "Schedules this instance cannot run (1)"
+    assert unknown.locator("li").all_inner_texts() == ["legacy-sync (task sync_ledger)"]
+    assert "legacy-sync" not in watched.states()
+    listed = json.loads(page.request.get(f"{app.base_url}/jobs/schedules").text())
+    assert [(s["name"], s["known"]) for s in listed] == [
+        ("legacy-sync", False),
+        ("tenant-report", True),
+    ]
+    assert watched.errors == []
 
 
 def test_the_buttons_pause_resume_and_run_a_job(browser: Any, app: App) -> None:

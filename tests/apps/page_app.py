@@ -1,5 +1,7 @@
 """An app for the status page's browser tests: one job in each state, names
-and errors that are HTML, HTTP Basic auth (what a browser sends by itself).
+and errors that are HTML, HTTP Basic auth (what a browser sends by itself), and
+a task that schedules made at run time may name (the tests put them in the
+store before the app starts: one of this task, one of a task it lacks).
 
 DATABASE_URL: the store's database (a SQLite file). PASSWORD: Basic's password.
 """
@@ -54,6 +56,10 @@ async def fresh() -> None: ...
 @scheduler.every(hours=RARE, run_on_startup=True, name=HOSTILE)
 async def hostile() -> None:
     raise ValueError(SCRIPT_ERROR)
+
+
+@scheduler.task()
+async def report(tenant: str) -> None: ...
 
 
 basic = HTTPBasic()
