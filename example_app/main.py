@@ -133,6 +133,14 @@ def refresh_rates() -> None:
     rates["EUR/USD"] = 1.08
 
 
+@scheduler.task()
+async def remind(ctx: JobContext, user: str, text: str) -> None:
+    """A task: schedules made at run time name it (POST /jobs/schedules with
+    {"name": "remind-ana", "task": "remind", "schedule": {"every": 3600},
+    "kwargs": {"user": "ana", "text": "stand up"}}): see docs/schedules.md."""
+    ctx.logger.info("reminding %s: %s", user, text)
+
+
 bearer = HTTPBearer(auto_error=False)
 basic = HTTPBasic(auto_error=False)  # what a browser sends for the status page
 

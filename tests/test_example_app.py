@@ -113,6 +113,32 @@ async def test_operators_trigger_and_pause_jobs_with_the_token_only(database: Pa
     assert status["paused"] is False
 
 
+async def test_operators_make_a_reminder_schedule_that_runs_and_is_back_after_a_restart(
+    database: Path,
+) -> None:
+    """The example's task `remind`: a schedule made through the control router runs as
+    a job (a run by hand here), and a second start of the app has it again."""
+    body = {
+        "name": "remind-ana",
+        "task": "remind",
+        "schedule": {"every": 3600},
+        "kwargs": {"user": "ana", "text": "stand up"},
+    }
+    async with serve(main.app) as client:
+        assert (await client.post("/jobs/schedules", json=body)).status_code == 401
+        made = await client.post("/jobs/schedules", json=body, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        ran = await client.post("/jobs/remind-ana/run?wait=true", headers=ADMIN)
+        assert ran.status_code == 200 and ran.json()["outcome"] == "ok"
+    async with serve(main.app) as client:
+        listed = (await client.get("/jobs/schedules", headers=ADMIN)).json()
+        job = (await client.get("/jobs/remind-ana", headers=ADMIN)).json()
+    assert [(s["name"], s["kwargs"], s["known"]) for s in listed] == [
+        ("remind-ana", {"user": "ana", "text": "stand up"}, True)
+    ]
+    assert job["task"] == "remind" and job["schedule"] == "every 1h"
+
+
 async def test_the_status_page_takes_the_token_as_a_password_and_metrics_are_served(
     database: Path,
 ) -> None:
