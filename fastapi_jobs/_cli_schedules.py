@@ -114,6 +114,8 @@ async def schedules(scheduler: Scheduler, app: Any, args: argparse.Namespace) ->
         return _said(exc, BAD_INPUT)
     except FastAPIJobsError as exc:  # StoreError, UnconfirmedError: their message says which
         return _said(exc, STORE_FAILED)
+    except BrokenPipeError:
+        raise  # `... | head`: the reader has what it wanted (main() says so by 141)
     except Exception as exc:  # noqa: BLE001 - the store's driver, a timeout
         return _said(f"the store could not be reached ({ErrorInfo.of(exc)})", STORE_FAILED)
     return OK

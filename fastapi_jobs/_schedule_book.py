@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,7 @@ from ._errors import (
     UnconfirmedError,
 )
 from ._parts import Parts
+from ._pausing import Pauses
 from ._running import Life
 from ._schedules import Schedule
 from ._startup import warn_if_in_several_processes
@@ -62,14 +64,15 @@ what a lost read of changes missed is found within this."""
 class ScheduleBook:
     """The functions schedules may name, and the stored schedules of one scheduler."""
 
-    def __init__(self, parts: Parts, life: Life, forget_pause: Callable[[str], None]) -> None:
+    def __init__(self, parts: Parts, life: Life, pauses: Pauses) -> None:
         self._parts = parts
         self._life = life
+        self._pauses = pauses
         self.tasks: dict[str, tuple[Task, bool]] = {}
         """By name: the function, and whether it takes the run's context."""
         self.schedules: dict[str, StoredSchedule] = {}
         """Every stored schedule this instance knows of, run here or not."""
-        self._jobs = StoredJobs(parts, life, forget_pause)  # of the ones run here
+        self._jobs = StoredJobs(parts, life, pauses.forget_one)  # of the ones run here
         self._seen = 0  # the highest version read from the store
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once
         self._version = 0  # without a store: this process's own count
@@ -145,7 +148,11 @@ class ScheduleBook:
             row = await self._write("create", name, partial(table.create, name, task, spec))
         if row is None:
             raise NameTakenError(f"a schedule named {name!r} exists: change it instead")
-        return self._applied(row)
+        made = self._applied(row)
+        if options.get("paused"):
+            # Paused from the start, whatever a removed schedule of the name left.
+            await self._pause(made, paused=True, verb="made")
+        return made
 
     async def update(
         self,
@@ -159,6 +166,11 @@ class ScheduleBook:
         """Change what is given, keep the rest (the options given replace those
         of the same name). With a store, against the row as the store has it."""
         name = check_name(name)  # before the store: a NUL is no name it can look up
+        if task is None and schedule is None and kwargs is None and not options:
+            raise ConfigurationError(
+                f"update_schedule({name!r}): nothing to change: give the task, the schedule, "
+                "the kwargs or an option"
+            )
         table = self._table
         for _ in range(_TRIES):
             current = await self._current(name)
@@ -170,12 +182,32 @@ class ScheduleBook:
                 {**current.options, **options},
             )
             if table is None:
-                return self._apply(self._local(name, new_task, spec))
-            change = partial(table.change, name, new_task, spec, current.version)
-            row = await self._write("change", name, change)
-            if row is not None:
-                return self._applied(row)
+                changed = self._apply(self._local(name, new_task, spec))
+            else:
+                change = partial(table.change, name, new_task, spec, current.version)
+                row = await self._write("change", name, change)
+                if row is None:
+                    continue  # changed elsewhere meanwhile: against the new row
+                changed = self._applied(row)
+            if "paused" in options:
+                # As the operator's pause or resume: over an earlier one, on every instance.
+                await self._pause(changed, paused=bool(options["paused"]), verb="changed")
+            return changed
         raise StoreError(f"schedule {name!r} keeps changing elsewhere: ask again")
+
+    async def _pause(self, stored: StoredSchedule, *, paused: bool, verb: str) -> None:
+        """``paused=`` given: the job paused or resumed as `Scheduler.pause` does."""
+        if stored.name not in self._parts.runners:
+            return  # not run here (left alone): its declared default holds where it runs
+        try:
+            if paused:
+                await self._pauses.pause(stored.name, None)
+            else:
+                await self._pauses.resume(stored.name)
+        except StoreError as exc:
+            raise StoreError(
+                f"schedule {stored.name!r} was {verb}, but not its pause: {exc}"
+            ) from exc
 
     async def remove(self, name: str) -> None:
         name = check_name(name)
@@ -204,8 +236,12 @@ class ScheduleBook:
         pruned since) are removed here too."""
         before = self._seen
         rows = await table.changes(0)
-        for row in rows:
-            self._apply_newer(row)
+        applied = sum(self._apply_newer(row, quiet=True) for row in rows)
+        if applied:
+            here = sum(1 for row in rows if self._jobs.runs(row.name))
+            self._parts.logger.info(
+                "read %d stored schedule(s): %d run here (DEBUG logs each)", applied, here
+            )
         live = {row.name for row in rows}
         # Only what was known before the read began: a schedule made here while
         # it went is not in its answer.
@@ -304,44 +340,46 @@ class ScheduleBook:
             return StoredSchedule(row.name, row.task, _UNREADABLE, version=row.version)
         return self._apply(row)
 
-    def _apply_newer(self, row: ScheduleRow) -> None:
+    def _apply_newer(self, row: ScheduleRow, *, quiet: bool = False) -> bool:
+        """The row applied if it is newer than what this instance has (whether it was)."""
         known = self.schedules.get(row.name)
         if known is not None and known.version >= row.version:
-            return
+            return False
         if known is None and row.removed:
             self._seen = max(self._seen, row.version)
-            return
-        self._apply(row)
+            return False
+        self._apply(row, quiet=quiet)
+        return True
 
     # -- applying -------------------------------------------------------------
 
-    def _apply(self, row: ScheduleRow) -> StoredSchedule:
+    def _apply(self, row: ScheduleRow, *, quiet: bool = False) -> StoredSchedule:
         """Make this instance run the row's schedule (or stop running it: a
-        removal's row, for which the schedule as it was comes back)."""
+        removal's row, for which the schedule as it was comes back). ``quiet``:
+        logged at DEBUG (a start reads every row: one line each would be 10,000)."""
         self._seen = max(self._seen, row.version)
-        name, logger = row.name, self._parts.logger
+        name = row.name
+        log = self._parts.logger.debug if quiet else self._parts.logger.info
         if row.removed:
             gone = self.schedules.pop(name, None)
             self._jobs.retire(name)
-            logger.info("schedule %r removed", name, extra={"job": name})
+            log("schedule %r removed", name, extra={"job": name})
             return gone or StoredSchedule(name, row.task, _UNREADABLE, version=row.version)
-        known = row.task in self.tasks
         try:
-            stored = decode(row, known)
+            stored = decode(row, known=True)
         except ConfigurationError as exc:
-            self._leave_alone(row, f"its spec cannot be read by this release ({exc})")
-            unreadable = StoredSchedule(
-                name, row.task, _UNREADABLE, version=row.version, known=False
+            unreadable = StoredSchedule(name, row.task, _UNREADABLE, version=row.version)
+            return self._leave_alone(
+                row, unreadable, f"its spec cannot be read by this release ({exc})"
             )
-            self.schedules[name] = unreadable  # listed, as this instance sees it
-            return unreadable
-        self.schedules[name] = stored
-        if not known:
-            self._leave_alone(row, f"it names the task {row.task!r}, which this instance lacks")
-            return stored
+        if stored.task not in self.tasks:
+            return self._leave_alone(
+                row, stored, f"it names the task {row.task!r}, which this instance lacks"
+            )
         if name in self._parts.runners and not self._jobs.runs(name):
-            self._leave_alone(row, "a job declared in this release's code has its name")
-            return stored
+            return self._leave_alone(
+                row, stored, "a job declared in this release's code has its name"
+            )
         try:
             # The task of this release may take other arguments than the one
             # the schedule was made for: checked here, not at each run.
@@ -349,10 +387,10 @@ class ScheduleBook:
             check_kwargs(stored.task, func, takes_context, stored.kwargs)
             job = self._jobs.build(stored, self.tasks)
         except ConfigurationError as exc:
-            self._leave_alone(row, str(exc))
-            return stored
+            return self._leave_alone(row, stored, str(exc))
+        self.schedules[name] = stored
         self._jobs.install(job, stored.version)
-        logger.info(
+        log(
             "schedule %r (version %d): task %r %s",
             name,
             stored.version,
@@ -362,7 +400,10 @@ class ScheduleBook:
         )
         return stored
 
-    def _leave_alone(self, row: ScheduleRow, why: str) -> None:
+    def _leave_alone(self, row: ScheduleRow, stored: StoredSchedule, why: str) -> StoredSchedule:
+        """Not run here, listed as such (``known=False``), said once per version."""
+        stored = replace(stored, known=False)
+        self.schedules[row.name] = stored
         self._jobs.retire(row.name)
         if (row.name, row.version) not in self._told:
             self._told.add((row.name, row.version))
@@ -372,6 +413,7 @@ class ScheduleBook:
                 why,
                 extra={"job": row.name},
             )
+        return stored
 
 
 class _Unreadable(Schedule):

@@ -121,7 +121,7 @@ class Scheduler(ScheduleMethods):
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
         self._life = Life()
-        self._book = ScheduleBook(parts, self._life, pauses.forget_one)
+        self._book = ScheduleBook(parts, self._life, pauses)
         if store is not None and on_db_time is not None:
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
             if hasattr(store, "schedules"):

@@ -78,8 +78,9 @@ class StoredSchedule:
     version the store has."""
     updated_at: datetime | None = None
     known: bool = True
-    """Whether this instance has the function (an older release may not: it
-    leaves the schedule alone)."""
+    """Whether this instance runs it: it has the task, reads the spec, and the
+    task takes the arguments (an older or newer release may not: it leaves the
+    schedule alone)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON form, as the API and the CLI show it (``schedule`` None: a
@@ -96,7 +97,9 @@ class StoredSchedule:
             "kwargs": dict(self.kwargs),
             "options": dict(self.options),
             "version": self.version,
-            "updated_at": None if self.updated_at is None else self.updated_at.isoformat(),
+            "updated_at": None
+            if self.updated_at is None
+            else self.updated_at.isoformat().replace("+00:00", "Z"),  # as the API's models
             "known": self.known,
         }
 
@@ -175,13 +178,18 @@ def task_of(func: object, name: str | None) -> tuple[str, bool]:
 def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> dict[str, Any]:
     """``kwargs`` if ``func`` takes them (by keyword, after the context) and they
     are JSON values; as JSON gives them back (a tuple is a list)."""
-    said = f"schedule of task {task!r}: kwargs="
+    said = f"the schedule's kwargs for task {task!r}"
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise ConfigurationError(f"{said}{short(kwargs)}: pass a dict with string keys")
+        raise ConfigurationError(f"{said}: {short(kwargs)}: pass a dict with string keys")
     try:
         copied = json.loads(json.dumps(dict(kwargs), allow_nan=False))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ConfigurationError(f"{said}{short(kwargs)}: not JSON values ({exc})") from None
+        raise ConfigurationError(f"{said}: {short(kwargs)}: not JSON values ({exc})") from None
+    if _depth(copied) > MAX_DEPTH:
+        raise ConfigurationError(
+            f"{said}: nested more than {MAX_DEPTH} levels deep: keep large data in the "
+            "app's tables, and pass its key"
+        )
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):
@@ -198,7 +206,7 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
     unknown = sorted(set(copied) - names) if not accepts_any else []
     if unknown:
         raise ConfigurationError(
-            f"{said}: task {task!r} takes no argument {unknown[0]!r} "
+            f"{said}: it takes no argument {unknown[0]!r} "
             f"(it takes {', '.join(sorted(names)) or 'none'})"
         )
     missing = [
@@ -209,10 +217,28 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
         and p.name not in copied
     ]
     if missing:
-        raise ConfigurationError(
-            f"{said}: task {task!r} needs the argument(s) {', '.join(missing)}"
-        )
+        raise ConfigurationError(f"{said}: it needs the argument(s) {', '.join(missing)}")
     return dict(copied)
+
+
+MAX_DEPTH = 32
+"""The deepest nesting of a schedule's arguments (lists and objects in one
+another): JSON's own readers and the status's serializer stop far below
+Python's recursion limit, past which a stored schedule could not be shown."""
+
+
+def _depth(value: object) -> int:
+    """How deep lists and dicts nest in ``value`` (a JSON value), without recursion."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            level.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def check_stored_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,6 +264,11 @@ def check_stored_options(name: str, options: Mapping[str, Any]) -> dict[str, Any
     return kept
 
 
+_HOSTS_OWN = frozenset({"localtime", "posixrules", "Factory"})
+"""Names in a host's zone files that are not a zone of their own: each host's
+may differ (``localtime`` links to the machine's zone)."""
+
+
 def schedule_data(schedule: Schedule) -> dict[str, Any]:
     """``schedule`` as JSON: an `Every` or a `Cron` in a named zone."""
     if type(schedule) is Every:
@@ -247,6 +278,11 @@ def schedule_data(schedule: Schedule) -> dict[str, Any]:
         }
     if type(schedule) is Cron:
         zone = "UTC" if schedule.tz is UTC else getattr(schedule.tz, "key", None)
+        if zone in _HOSTS_OWN:
+            raise ConfigurationError(
+                f"tz={zone!r} is this host's own zone, which another host may not share: "
+                "pass the zone's IANA name, such as 'Europe/Lisbon' or 'UTC'"
+            )
         if not isinstance(schedule.tz, ZoneInfo | type(UTC)) or zone is None:
             raise ConfigurationError(
                 f"a stored cron schedule needs a named timezone (tz='Europe/Lisbon'), "
@@ -296,6 +332,8 @@ def decode(row: ScheduleRow, known: bool) -> StoredSchedule:
         raise ConfigurationError(f"schedule {row.name!r}: its spec is not JSON") from None
     if not isinstance(data, dict) or not isinstance(data.get("kwargs"), dict):
         raise ConfigurationError(f"schedule {row.name!r}: its spec lacks its kwargs")
+    if _depth(data["kwargs"]) > MAX_DEPTH:
+        raise ConfigurationError(f"schedule {row.name!r}: its kwargs nest too deep")
     options = data.get("options")
     return StoredSchedule(
         name=row.name,

@@ -315,6 +315,6 @@ async def test_arguments_this_releases_task_does_not_take_leave_the_schedule_alo
     caplog.set_level(logging.WARNING, logger="fastapi_jobs")
     async with running(new):
         assert "r" not in new.jobs
-        assert [s.name for s in await new.schedules()] == ["r"]
+        assert [(s.name, s.known) for s in await new.schedules()] == [("r", False)]
     said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
     assert len(said) == 1 and "takes no argument 'tenant'" in said[0]

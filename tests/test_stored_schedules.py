@@ -192,6 +192,8 @@ async def test_bad_schedules_are_refused_saying_which() -> None:
         ({"kwargs": ["tenant"]}, r"pass a dict with string keys"),
         ({"kwargs": {"tenant": "a", "ctx": 1}}, r"'ctx' is the run's context"),
         ({"kwargs": {"tenant": deep(100_000)}}, r"not JSON values"),
+        ({"kwargs": {"tenant": deep(40)}}, r"nested more than 32 levels deep"),
+        ({"schedule": Cron("0 7 * * *", tz="Factory")}, r"this host's own zone"),
         ({"kwargs": {"tenant": "x" * 70000}}, r"the most is 65536"),
         ({"name": "declared"}, r"a declared job has that name"),
         ({"name": "instances"}, r"a declared job has that name \(or a route does\)"),
@@ -226,6 +228,8 @@ async def test_bad_schedules_are_refused_saying_which() -> None:
             await scheduler.remove_schedule("q")
         with pytest.raises(ConfigurationError, match="takes no argument 'x'"):
             await scheduler.update_schedule("r", kwargs={"tenant": "a", "x": 1})
+        with pytest.raises(ConfigurationError, match="nothing to change"):
+            await scheduler.update_schedule("r")
         assert (await scheduler.schedules())[0].kwargs == {"tenant": "a"}  # unchanged
 
 
@@ -282,6 +286,11 @@ async def test_a_declared_pause_follows_the_spec_and_an_operators_pause_holds() 
         await anyio.sleep(10)  # 20 runs
         await scheduler.pause("r")  # an operator's pause holds across a change
         await scheduler.update_schedule("r", kwargs={"tenant": "b"})
+        await anyio.sleep(20)  # 30 and 40 paused
+        assert scheduler.job_status("r").paused
+        await scheduler.resume("r")
+        await anyio.sleep(10)  # 50 runs
+        await scheduler.update_schedule("r", paused=True)  # over the operator's resume
         await anyio.sleep(20)
         assert scheduler.job_status("r").paused
-    assert ran == [("a", 20.0)]
+    assert ran == [("a", 20.0), ("b", 50.0)]
