@@ -13,6 +13,7 @@ itself is the truth, for this process.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -329,6 +330,15 @@ class ScheduleBook:
         since = max(1, self._seen - int(3 * store.timeout * 1e6))
         for row in await table.changes(since):
             self._apply_newer(row)
+
+    async def learn(self, name: str) -> None:
+        """Before acting on ``name``, which no job here has: read the changes, in
+        case another instance made it since the last heartbeat (a trigger right
+        after the schedule was made elsewhere). A failed read leaves it unknown."""
+        if name in self._parts.runners or self._table is None or self._life.running is None:
+            return
+        with contextlib.suppress(Exception), anyio.fail_after(self._store_timeout()):
+            await self.sync()
 
     def _applied(self, row: ScheduleRow) -> StoredSchedule:
         """A row this instance wrote, applied unless a heartbeat's read applied it

@@ -315,7 +315,7 @@ class Scheduler(ScheduleMethods):
         Raises `JobNotFoundError`, `JobRunningError`, and
         `StoreError` when the store cannot be reached (nothing ran).
         """
-        return await self._operator.trigger(name, wait=wait)
+        return await self._seam.trigger(name, wait=wait)
 
     async def pause(self, name: str, *, until: datetime | None = None) -> PauseState:
         """Skip the ticks of ``name`` (counted as ``skipped.paused``) until
@@ -324,12 +324,12 @@ class Scheduler(ScheduleMethods):
         tick, and across restarts; without one, for this process. Pausing a
         paused job changes only its end. A run going is not stopped.
         """
-        return await self._pauses.pause(name, until)
+        return await self._seam.pause(name, until)
 
     async def resume(self, name: str) -> PauseState:
         """Undo `pause` (and a declared ``paused=True``); the next tick runs.
         With a store, other instances learn it at their next heartbeat."""
-        return await self._pauses.resume(name)
+        return await self._seam.resume(name)
 
     async def runs(self, name: str, *, limit: int = 20) -> list[RunRecord]:
         """The last ``limit`` runs of ``name``, newest first: with a store, of

@@ -107,16 +107,20 @@ class Seam:
 
     # -- acting
 
-    async def trigger(self, name: str) -> TriggeredRun:
-        return await self._operator.trigger(name, wait=False)
+    async def trigger(self, name: str, *, wait: bool = False) -> TriggeredRun:
+        await self._book.learn(name)
+        return await self._operator.trigger(name, wait=wait)
 
     async def start_current_tick(self, name: str) -> TriggeredRun:
+        await self._book.learn(name)
         return await self._operator.start_current_tick(name)
 
     async def pause(self, name: str, until: datetime | None) -> PauseState:
+        await self._book.learn(name)
         return await self._pauses.pause(name, until)
 
     async def resume(self, name: str) -> PauseState:
+        await self._book.learn(name)
         return await self._pauses.resume(name)
 
     # -- schedules made at run time

@@ -318,3 +318,27 @@ async def test_arguments_this_releases_task_does_not_take_leave_the_schedule_alo
         assert [(s.name, s.known) for s in await new.schedules()] == [("r", False)]
     said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
     assert len(said) == 1 and "takes no argument 'tenant'" in said[0]
+
+
+async def test_an_instance_acts_on_a_schedule_made_elsewhere_before_its_heartbeat(
+    database_url: str,
+) -> None:
+    """A pause or a trigger of a name another instance just made reads the changes
+    first: no 404 for a heartbeat's time."""
+    ran: Ran = Counter()
+    a = instance(database_url, ran)
+    b = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=60))
+
+    @b.task()
+    async def report(ctx: JobContext, tenant: str) -> None:
+        ran[tenant, ctx.tick.timestamp()] += 1
+
+    async with running(a, b):
+        await a.add_schedule("fresh", "report", Every(hours=1), kwargs={"tenant": "f"})
+        paused = await b.pause("fresh")
+        assert paused.paused
+        run = await b.trigger("fresh", wait=True)
+        assert run.result().ok
+        with pytest.raises(JobNotFoundError):
+            await b.pause("never-made")
+    assert sum(n for (tenant, _), n in ran.items() if tenant == "f") == 1
