@@ -10,10 +10,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 
 from fastapi_jobs import (
     ConfigurationError,
@@ -25,6 +28,7 @@ from fastapi_jobs import (
 )
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from .conftest import serve
 from .support.waiting import poll
 from .test_store import opened
 
@@ -221,3 +225,39 @@ async def test_a_write_to_a_store_that_is_down_changes_nothing(database_url: str
         with pytest.raises(ConfigurationError, match="no task named"):
             await scheduler.add_schedule("x", "nope", Every(hours=1))
         assert "x" not in scheduler.jobs
+
+
+class RemovedWhileRead(SQLAlchemyStore):
+    """A store whose next reading for the status (``read``) lets a removal of the
+    schedule ``removing`` be applied first, as a heartbeat may while it waits."""
+
+    removing: tuple[Scheduler, str] | None = None
+
+    async def read(self) -> Any:
+        if self.removing is not None:
+            (scheduler, name), self.removing = self.removing, None
+            await scheduler.remove_schedule(name)
+        return await super().read()
+
+
+async def test_a_job_status_asked_as_its_schedule_is_removed_is_not_found(
+    tmp_path: Path,
+) -> None:
+    """GET /jobs/{name} of a stored schedule removed while the store is read for
+    the status answers 404 (the job is gone), not a server error."""
+    store = RemovedWhileRead(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}", timeout=2)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(ctx: JobContext, tenant: str) -> None:
+        pass
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        await scheduler.add_schedule("acme", "report", Every(hours=1), kwargs={"tenant": "a"})
+        assert (await client.get("/jobs/acme")).status_code == 200
+        store.removing = (scheduler, "acme")
+        response = await client.get("/jobs/acme")
+        assert response.status_code == 404, response.text
+        assert "no job named 'acme'" in response.json()["detail"]
