@@ -65,6 +65,7 @@ class ScheduleBook:
         """Every stored schedule this instance knows of, run here or not."""
         self._runners: dict[str, JobRunner] = {}  # the jobs of the ones run here
         self._seen = 0  # the highest version read from the store
+        self._read_at = 0  # when the last read of the changes began (µs, database's time)
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once
         self._version = 0  # without a store: this process's own count
 
@@ -249,10 +250,15 @@ class ScheduleBook:
         assert store is not None
         # Versions are stamped before their change commits, within the store's
         # deadline (twice its timeout): a change stamped earlier than the last
-        # seen may commit after that was read. Read again from that far back;
-        # what is applied already is skipped.
-        since = 0 if not self._seen else max(1, self._seen - int(3 * store.timeout * 1e6))
+        # read may commit after it. Read again from that far before the last
+        # read (not before the last version seen: after a burst of changes, that
+        # read the whole burst at every beat until the next change); what is
+        # applied already is skipped.
+        back = int(3 * store.timeout * 1e6)
+        since = 0 if not self._seen else max(1, max(self._seen, self._read_at) - back)
+        read_at = int(self._parts.ticking.now() * 1e6)  # the database's time, before it reads
         rows = await table.changes(since)
+        self._read_at = read_at
         for row in rows:
             self._apply_newer(row)
 

@@ -180,6 +180,63 @@ async def test_an_instance_without_the_task_leaves_the_schedule_alone(
         assert [r.name for r in await store.schedules.changes(0)] == ["t"]  # not deleted
 
 
+def reads_counted(store: SQLAlchemyStore) -> list[int]:
+    """The number of rows each read of the changes returns (the real read, spied on)."""
+    counts: list[int] = []
+    changes = store.schedules.changes
+
+    async def counted(since: int) -> list[Any]:
+        rows = await changes(since)
+        counts.append(len(rows))
+        return rows
+
+    store.schedules.changes = counted  # type: ignore[method-assign]
+    return counts
+
+
+async def test_a_burst_of_schedules_is_not_read_again_at_every_beat(database_url: str) -> None:
+    """Schedules made at once (an import makes thousands) are read again by the
+    heartbeats only while a change stamped before them may still commit (three
+    store timeouts), not at every beat until the next change comes."""
+    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=0.5)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    reads = reads_counted(store)
+    async with running(scheduler):
+        for n in range(20):
+            await scheduler.add_schedule(f"s{n}", "report", Every(hours=1), kwargs={"tenant": "t"})
+        await poll(lambda: reads[-3:] == [0, 0, 0], within=15)
+        assert len(scheduler.status()) == 20
+
+
+async def test_a_change_that_commits_after_a_read_past_its_version_is_applied(
+    database_url: str,
+) -> None:
+    """A change stamped before a heartbeat's read but committed after it (a slow
+    commit, within the store's deadline) is applied at a later beat."""
+    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=0.5)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    reads = reads_counted(store)
+    spec = '{"kwargs":{"tenant":"l"},"options":{},"schedule":{"every":3600.0,"offset":0.0}}'
+    async with running(scheduler):
+        await scheduler.add_schedule("first", "report", Every(hours=1), kwargs={"tenant": "f"})
+        beats = len(reads)
+        await poll(lambda: len(reads) > beats + 1)  # read past the moment stamped below
+        stamped = int((time.time() - 0.4) * 1e6)
+        async with opened(database_url) as (_, engine), engine.begin() as conn:
+            row = {"name": "late", "task": "report", "spec": spec, "removed": False}
+            values = {**row, "version": stamped, "updated_at": stamped / 1e6}
+            await conn.execute(sa.insert(store.tables.schedules).values(**values))
+        await poll(lambda: "late" in names(scheduler))
+
+
 # -- bad input and a store that cannot -------------------------------------------
 
 
