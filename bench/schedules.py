@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -122,9 +124,16 @@ async def worker(
         rss = rss_kib()
         await asyncio.sleep(opens - time.time())
         on = True
+        profile = os.environ.get("BENCH_PROFILE")  # a file to write the window's profile to
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
         cpu0 = time.process_time()
         await asyncio.sleep(opens + window - time.time())
         cpu1 = time.process_time()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{kind}.{os.getpid()}")
         on = False
         on_changes = True  # the driver changes one schedule now
         await asyncio.sleep(ends - time.time())
