@@ -37,18 +37,16 @@ PROCESSES = 3
 
 
 class Plan(NamedTuple):
-    """The run's sizes: N schedules at ``every`` s, the heartbeat, and how long
-    before the window the processes start (they read N rows first)."""
+    """The run's sizes: N schedules at ``every`` s, the heartbeat, the rounds."""
 
     n: int
     every: float
     heartbeat: float
-    lead: float
     repeat: int
 
 
-FULL = Plan(n=10_000, every=60.0, heartbeat=1.0, lead=25.0, repeat=5)
-QUICK = Plan(n=50, every=2.0, heartbeat=0.5, lead=5.0, repeat=1)
+FULL = Plan(n=10_000, every=60.0, heartbeat=1.0, repeat=5)
+QUICK = Plan(n=50, every=2.0, heartbeat=0.5, repeat=1)
 
 
 def rss_kib() -> int:
@@ -65,9 +63,6 @@ async def worker(
     n: int,
     every: float,
     heartbeat: float,
-    opens: float,
-    window: float,
-    ends: float,
 ) -> dict[str, Any]:
     from functools import partial
 
@@ -118,7 +113,10 @@ async def worker(
 
     async with scheduler.running({"db": engine}):
         jobs = len(scheduler.status())
-        started = time.time()
+        # Started (every job made): the driver answers with the round's times,
+        # once every process is, so that no start falls in the window.
+        print("ready", flush=True)
+        opens, window, ends = map(float, (await asyncio.to_thread(sys.stdin.readline)).split())
         await asyncio.sleep(opens - time.time() - 0.5)
         gc.collect()
         rss = rss_kib()
@@ -146,7 +144,6 @@ async def worker(
         "cpu_s": cpu1 - cpu0,
         "mem_kib_per_job": (rss - base) / n,
         "syncs": syncs,
-        "started_late": started > opens - 1.0,
     }
 
 
@@ -238,23 +235,37 @@ async def change_one(url: str, plan: Plan, value: int) -> None:
 
 
 def cluster(url: str, kind: str, plan: Plan, value: int) -> list[dict[str, Any]]:
-    """One round: 3 processes of ``kind``, a window around the next tick at least
-    ``plan.lead`` s away (every job ticks at once, on the epoch grid), then a change."""
-    tick = math.ceil((time.time() + plan.lead) / plan.every) * plan.every
-    window = min(6.0, plan.every)
-    opens = tick - window / 3
-    ends = opens + window + 3 * plan.heartbeat + 0.5
-    args = [url, kind, plan.n, plan.every, plan.heartbeat, opens, window, ends]
+    """One round: 3 processes of ``kind`` started, then a window around the next
+    tick (every job ticks at once, on the epoch grid), then a change."""
+    args = [url, kind, plan.n, plan.every, plan.heartbeat]
     with contextlib.ExitStack() as stack:
         # Their logs (a line per schedule read at start: more than a pipe holds
         # unread) go to files, shown on a failure.
         logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(PROCESSES)]
         procs = [
             subprocess.Popen(
-                [*WORKER, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True
+                [*WORKER, *map(str, args)],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
             )
             for log in logs
         ]
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                log.seek(0)
+                raise RuntimeError(f"bench.schedules worker failed ({kind}):\n{log.read()[-3000:]}")
+        window = min(6.0, plan.every)
+        tick = math.ceil((time.time() + 1.0 + window / 3) / plan.every) * plan.every
+        opens = tick - window / 3
+        ends = opens + window + 3 * plan.heartbeat + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{opens} {window} {ends}\n")
+            proc.stdin.flush()
         time.sleep(max(0.0, opens + window + 0.3 - time.time()))
         if kind == "stored":
             asyncio.run(change_one(url, plan, value))
@@ -264,13 +275,7 @@ def cluster(url: str, kind: str, plan: Plan, value: int) -> list[dict[str, Any]]
             if proc.returncode != 0:
                 log.seek(0)
                 raise RuntimeError(f"bench.schedules worker failed ({kind}):\n{log.read()[-3000:]}")
-            result = json.loads(out.strip().splitlines()[-1])
-            if result["started_late"]:
-                raise RuntimeError(
-                    f"a {kind} process started less than 1 s before its window opened: its "
-                    "start would be measured as the tick's; give it a longer lead"
-                )
-            results.append(result)
+            results.append(json.loads(out.strip().splitlines()[-1]))
     return results
 
 
@@ -377,8 +382,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="report: tiny N (smoke test)")
     args = parser.parse_args()
     if args.mode == "worker":
-        url, kind, n, *times = args.rest
-        print(json.dumps(asyncio.run(worker(url, kind, int(n), *map(float, times)))))
+        url, kind, n, every, heartbeat = args.rest
+        print(json.dumps(asyncio.run(worker(url, kind, int(n), float(every), float(heartbeat)))))
     elif args.mode == "memory":
         url, kind, n, every = args.rest
         print(json.dumps(asyncio.run(live_memory(url, kind, int(n), float(every)))))
