@@ -108,7 +108,11 @@ def _add_status(router: APIRouter, seam: Seam) -> None:
     async def get_job(name: str) -> JobStatus:
         if name not in seam.jobs:
             fail(JobNotFoundError(name, list(seam.jobs)))
-        return next(s for s in await seam.cluster_status() if s.name == name)
+        # A stored schedule removed elsewhere may be gone once the store has answered.
+        found = [s for s in await seam.cluster_status() if s.name == name]
+        if not found:
+            fail(JobNotFoundError(name, list(seam.jobs)))
+        return found[0]
 
 
 def _add_runs(router: APIRouter, seam: Seam) -> None:

@@ -51,20 +51,22 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.timeout(300)  # ~80 s on a quiet machine, twice that under CI's load
+@pytest.mark.timeout(300)  # ~110 s on a quiet machine (the schedules' run ~25 s of it)
 def test_bench_command_runs_on_a_tiny_n(
     tmp_path: Path, postgres: PostgresServer, redis: RedisServer
 ) -> None:
-    """`python -m bench --quick --claims --requests --handoffs --out` overwrites a file
-    it wrote (BENCHMARKS.md) with the tables alone, in BENCHMARKS.md's shape (the
-    hand-offs' rows, each library's call beside its adapter's, included), every
-    implementation in them. (The bench starts servers of its own; the fixtures make
-    CI fail where none can start.)"""
+    """`python -m bench --quick --claims --requests --handoffs --schedules --out`
+    overwrites a file it wrote (BENCHMARKS.md) with the tables alone, in
+    BENCHMARKS.md's shape (the hand-offs' rows, each library's call beside its
+    adapter's, and the stored schedules' section included), every implementation in
+    them. (The bench starts servers of its own; the fixtures make CI fail where none
+    can start.)"""
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(BENCHMARKS.read_text())
-    bench("--quick", "--claims", "--requests", "--handoffs", "--out", str(out)).check_returncode()
+    flags = ["--quick", "--claims", "--requests", "--handoffs", "--schedules"]
+    bench(*flags, "--out", str(out)).check_returncode()
     text = out.read_text()
-    assert text.startswith(f"{MARKER} --quick --claims --requests --handoffs --out {out}` ")
+    assert text.startswith(f"{MARKER} {' '.join(flags)} --out {out}` ")
     assert "INFO" not in text  # the schedulers' and stores' logs kept out of the tables
     assert skeleton(text) == skeleton(BENCHMARKS.read_text())
     assert BENCHMARKS.read_text().startswith(MARKER)
@@ -73,6 +75,8 @@ def test_bench_command_runs_on_a_tiny_n(
     assert "| 20 / 20 |" in text  # every expected tick ran, for the floor at least
     [pairs] = [line for line in text.splitlines() if "most runs of one pair" in line]
     assert pairs.endswith(", 1 |")  # no (job, tick) ran twice across the 3 processes
+    [scheduled] = [line for line in text.splitlines() if "pairs run in the window" in line]
+    assert scheduled.endswith("| 50, 1 | 50, 1 | |")  # each tick once, stored and declared
 
 
 def test_bench_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path) -> None:

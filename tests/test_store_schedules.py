@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 
 from fastapi_jobs import (
     ConfigurationError,
@@ -180,6 +181,63 @@ async def test_an_instance_without_the_task_leaves_the_schedule_alone(
         assert [r.name for r in await store.schedules.changes(0)] == ["t"]  # not deleted
 
 
+def reads_counted(store: SQLAlchemyStore) -> list[int]:
+    """The number of rows each read of the changes returns (the real read, spied on)."""
+    counts: list[int] = []
+    changes = store.schedules.changes
+
+    async def counted(since: int) -> list[Any]:
+        rows = await changes(since)
+        counts.append(len(rows))
+        return rows
+
+    store.schedules.changes = counted  # type: ignore[method-assign]
+    return counts
+
+
+async def test_a_burst_of_schedules_is_not_read_again_at_every_beat(database_url: str) -> None:
+    """Schedules made at once (an import makes thousands) are read again by the
+    heartbeats only while a change stamped before them may still commit (three
+    store timeouts), not at every beat until the next change comes."""
+    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=0.5)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    reads = reads_counted(store)
+    async with running(scheduler):
+        for n in range(20):
+            await scheduler.add_schedule(f"s{n}", "report", Every(hours=1), kwargs={"tenant": "t"})
+        await poll(lambda: reads[-3:] == [0, 0, 0], within=15)
+        assert len(scheduler.status()) == 20
+
+
+async def test_a_change_that_commits_after_a_read_past_its_version_is_applied(
+    database_url: str,
+) -> None:
+    """A change stamped before a heartbeat's read but committed after it (a slow
+    commit, within the store's deadline) is applied at a later beat."""
+    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=0.5)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    reads = reads_counted(store)
+    spec = '{"kwargs":{"tenant":"l"},"options":{},"schedule":{"every":3600.0,"offset":0.0}}'
+    async with running(scheduler):
+        await scheduler.add_schedule("first", "report", Every(hours=1), kwargs={"tenant": "f"})
+        beats = len(reads)
+        await poll(lambda: len(reads) > beats + 1)  # read past the moment stamped below
+        stamped = int((time.time() - 0.4) * 1e6)
+        async with opened(database_url) as (_, engine), engine.begin() as conn:
+            row = {"name": "late", "task": "report", "spec": spec, "removed": False}
+            values = {**row, "version": stamped, "updated_at": stamped / 1e6}
+            await conn.execute(sa.insert(store.tables.schedules).values(**values))
+        await poll(lambda: "late" in names(scheduler))
+
+
 # -- bad input and a store that cannot -------------------------------------------
 
 
@@ -338,7 +396,44 @@ async def test_an_instance_acts_on_a_schedule_made_elsewhere_before_its_heartbea
         paused = await b.pause("fresh")
         assert paused.paused
         run = await b.trigger("fresh", wait=True)
-        assert run.result().ok
+        result = run.result()
+        assert result is not None and result.ok
         with pytest.raises(JobNotFoundError):
             await b.pause("never-made")
     assert sum(n for (tenant, _), n in ran.items() if tenant == "f") == 1
+
+
+class RemovedWhileRead(SQLAlchemyStore):
+    """A store whose next reading for the status (``read``) lets a removal of the
+    schedule ``removing`` be applied first, as a heartbeat may while it waits."""
+
+    removing: tuple[Scheduler, str] | None = None
+
+    async def read(self) -> Any:
+        if self.removing is not None:
+            (scheduler, name), self.removing = self.removing, None
+            await scheduler.remove_schedule(name)
+        return await super().read()
+
+
+async def test_a_job_status_asked_as_its_schedule_is_removed_is_not_found(
+    tmp_path: Path,
+) -> None:
+    """GET /jobs/{name} of a stored schedule removed while the store is read for
+    the status answers 404 (the job is gone), not a server error."""
+    store = RemovedWhileRead(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}", timeout=2)
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+
+    @scheduler.task()
+    async def report(ctx: JobContext, tenant: str) -> None:
+        pass
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        await scheduler.add_schedule("acme", "report", Every(hours=1), kwargs={"tenant": "a"})
+        assert (await client.get("/jobs/acme")).status_code == 200
+        store.removing = (scheduler, "acme")
+        response = await client.get("/jobs/acme")
+        assert response.status_code == 404, response.text
+        assert "no job named 'acme'" in response.json()["detail"]
