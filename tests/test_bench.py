@@ -52,6 +52,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(300)  # ~110 s on a quiet machine (the schedules' run ~25 s of it)
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 def test_bench_command_runs_on_a_tiny_n(
     tmp_path: Path, postgres: PostgresServer, redis: RedisServer
 ) -> None:

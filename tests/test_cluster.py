@@ -120,6 +120,7 @@ def test_many_jobs_across_three_processes_run_each_tick_once(
     [("asyncpg", 1000), ("psycopg", 300), ("sqlite", 300)],
     indirect=["database_url"],
 )
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 def test_eight_processes_race_for_each_tick_and_one_wins(
     database_url: str, rounds: int, tmp_path: Path
 ) -> None:

@@ -497,6 +497,7 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
 
 
 @pytest.mark.parametrize("at", ["claim", "send", "record"])
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     at: str, postgres: PostgresServer, redis: RedisServer, tmp_path: Path, apps: list[App]
 ) -> None:

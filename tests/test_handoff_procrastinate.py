@@ -521,6 +521,7 @@ async def _ticks_run(engine: AsyncEngine) -> list[float]:
 
 
 @pytest.mark.parametrize("at", ["before", "after"])
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue_once(
     at: str, database: Database, worker: Path, tmp_path: Path, apps: list[Uvicorn]
 ) -> None:

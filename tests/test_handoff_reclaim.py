@@ -265,6 +265,7 @@ async def _executions(redis: RedisServer, queue: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("at", ["before", "after"])
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_executed_once(
     at: str, postgres: PostgresServer, redis: RedisServer, tmp_path: Path, apps: list[App]
 ) -> None:
