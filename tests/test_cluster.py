@@ -349,6 +349,7 @@ def test_graceful_stop_of_the_holder_lets_a_peer_run_the_next_tick_on_time(
     assert "cancelling it" in holder.output()
 
 
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 def test_after_a_long_outside_lock_sqlite_workers_recover_within_a_timeout(
     tmp_path: Path, apps: list[App]
 ) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .support.cluster import ROOT, App
 
@@ -47,6 +48,7 @@ def test_two() -> None:
 '''
 
 
+@pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 def test_the_pauser_stops_every_xdist_worker(tmp_path: Path) -> None:
     """`python -m tests.pauses -n 2` stops the two worker processes that run the
     tests, not only the main pytest process, which runs none."""
