@@ -437,3 +437,23 @@ async def test_a_job_status_asked_as_its_schedule_is_removed_is_not_found(
         response = await client.get("/jobs/acme")
         assert response.status_code == 404, response.text
         assert "no job named 'acme'" in response.json()["detail"]
+
+
+async def test_an_older_release_beside_many_schedules_names_a_few_and_counts_the_rest(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """25 schedules of a task this release lacks: ten named in the log, then one
+    line that counts the other fifteen (not a line each at every start)."""
+    async with opened(database_url) as (store, _):
+        for n in range(25):
+            await store.schedules.create(
+                f"s{n:02}", "gone", '{"schedule":{"every":60,"offset":0},"kwargs":{},"options":{}}'
+            )
+    older = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=HEARTBEAT))
+    caplog.set_level(logging.WARNING, logger="fastapi_jobs")
+    async with running(older):
+        listed = await older.schedules()
+    said = [r.getMessage() for r in caplog.records if "left alone here" in r.getMessage()]
+    assert len(said) == 11
+    assert said[-1].startswith("and 15 more stored schedule(s) are left alone here")
+    assert [s.known for s in listed] == [False] * 25
