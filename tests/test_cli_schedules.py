@@ -4,6 +4,7 @@ that an app instance running beside runs what the command made."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fastapi_jobs._cli import main
+from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .support.cluster import ROOT, App
 from .support.waiting import wait_until
@@ -195,3 +197,47 @@ def test_a_running_app_runs_what_the_command_made(
     wait_until(lambda: ran.exists() and len(ran.read_text().splitlines()) >= 2, timeout=30)
     assert {line.split()[0] for line in ran.read_text().splitlines()} == {"cli"}
     assert cli(url, "schedule", "remove", TARGET, "fast").returncode == 0
+
+
+def test_a_listing_read_by_head_exits_as_list_does(url: str) -> None:
+    """`fastapi-jobs schedules ... | head -c 1`: the reader closed the pipe; the exit
+    is 141 (SIGPIPE's), as `list`'s, never 'the store could not be reached'."""
+    made = cli(
+        url,
+        "schedule",
+        "add",
+        TARGET,
+        "s0",
+        "report",
+        "--every",
+        "60",
+        "--kwargs",
+        json.dumps({"tenant": "x"}),
+    )
+    assert made.returncode == 0, made.stderr
+
+    async def more() -> None:  # 200 KB of listing: more than a pipe holds
+        store = SQLAlchemyStore(url)
+        await store.open({}, Instance())
+        try:
+            for n in range(1, 70):
+                kwargs = json.dumps({"tenant": "x" * 3000})
+                spec = (
+                    f'{{"kwargs":{kwargs},"options":{{}},"schedule":{{"every":60.0,"offset":0.0}}}}'
+                )
+                await store.schedules.create(f"s{n}", "report", spec)
+        finally:
+            await store.close()
+
+    asyncio.run(more())
+    shell = f"{sys.executable} -m fastapi_jobs schedules {TARGET} | head -c 1 > /dev/null"
+    piped = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", shell],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "could not be reached" not in piped.stderr, piped.stderr
+    assert piped.returncode == 141, (piped.returncode, piped.stderr)
