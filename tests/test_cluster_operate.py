@@ -164,7 +164,11 @@ def test_a_trigger_during_a_scheduled_run_is_409(cluster_url: str, apps: list[Ap
     for app in apps:
         answer = post(app, "/jobs/job0/run")
         assert answer.status_code == 409, answer.text
-        assert "is running" in answer.json()["detail"]
+        # The other instance's claim of that tick may still await its answer (on
+        # SQLite, behind the file's lock, under load: seen once in CI): its 409
+        # then says so. Either way the trigger is refused while the run goes.
+        detail = answer.json()["detail"]
+        assert "is running" in detail or "its tick is being claimed" in detail, detail
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
