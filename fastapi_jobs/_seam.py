@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from ._control import TriggeredRun
-from ._errors import FastAPIJobsError, StoreError
 from ._job import Job
 from ._operating import Operator
 from ._parts import Parts
@@ -26,7 +25,7 @@ from ._runner import JobRunner
 from ._running import Life, app_state
 from ._schedule_book import ScheduleBook
 from ._schedules import Schedule
-from ._status import ClusterView, ErrorInfo, JobStatus, PauseState, RunRecord
+from ._status import ClusterView, JobStatus, PauseState, RunRecord
 from ._store import Store
 from ._stored import StoredSchedule
 
@@ -133,7 +132,7 @@ class Seam:
 
     async def schedules(self) -> list[StoredSchedule]:
         """Every stored schedule, as the store has it now."""
-        return await _told(self._book.list(), "cannot read the schedules")
+        return await self._book.list()  # a failed read is the book's StoreError
 
     async def add_schedule(
         self,
@@ -154,12 +153,9 @@ class Seam:
         kwargs: Mapping[str, Any] | None,
         options: Mapping[str, Any],
     ) -> StoredSchedule:
-        change = self._book.update(
+        return await self._book.update(
             name, task=task, schedule=schedule, kwargs=kwargs, options=options
         )
-        # The book's writes say what they did; what else fails is its read of
-        # the row before the write.
-        return await _told(change, f"cannot read schedule {name!r}; nothing changed")
 
     async def remove_schedule(self, name: str) -> None:
         await self._book.remove(name)
@@ -173,17 +169,3 @@ class Seam:
         """The app's own lifespan entered (``Scheduler(lifespan=)``): what it yields."""
         async with app_state(self._parts.app_lifespan, app) as state:
             yield state
-
-
-T = TypeVar("T")
-
-
-async def _told(call: Awaitable[T], said: str) -> T:
-    """``call``'s answer; a failure that is not one of ours (a driver's, a
-    timeout's) as a `StoreError` saying ``said`` and why."""
-    try:
-        return await call
-    except FastAPIJobsError:
-        raise
-    except Exception as exc:
-        raise StoreError(f"{said}: {ErrorInfo.of(exc)}") from exc
