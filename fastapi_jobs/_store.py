@@ -49,6 +49,9 @@ class Ended(NamedTuple):
     """Runs it took: 1, plus the retries."""
     manual: bool = False
     """Asked for by hand (trigger, the CLI), not by the schedule."""
+    tick: float | None = None
+    """The tick the run was for, when it is not the claim's ``last_tick`` (a
+    backfilled tick older than the job's latest claim); None: the claim's."""
 
 
 @runtime_checkable

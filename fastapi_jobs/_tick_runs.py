@@ -179,10 +179,10 @@ class TickRuns(GuardedRun):
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
             elif not self.thread_running:
-                ended: tuple[str, int, Outcome, str | None, float, int, bool]
+                ended: tuple[str, int, Outcome, str | None, float, int, bool, float | None]
                 if ran is None:
                     duration = max(0.0, self._clock.now() - started)
-                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None)
+                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None, None)
                 else:
                     error = None if ran.error is None else str(ErrorInfo.of(ran.error))
                     attempts = ran.attempts
@@ -194,6 +194,7 @@ class TickRuns(GuardedRun):
                         ran.duration,
                         attempts,
                         manual is not None,
+                        None,
                     )
                 claims.release_soon(_new(Ended, ended))
         return ran

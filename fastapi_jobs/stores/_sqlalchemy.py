@@ -35,7 +35,7 @@ from ._options import check_options
 from ._outbox import StoreOutbox
 from ._schedules import StoreSchedules
 from ._setup import ensure_tables
-from ._statements import Statements
+from ._statements import Statements, ended_rows
 
 __all__ = ["SQLAlchemyStore"]
 
@@ -258,10 +258,7 @@ class SQLAlchemyStore:
         `fastapi_jobs.stores.Store.release`."""
         if not ended:
             return {}
-        rows = [
-            (e.job, (e.fence, e.outcome, e.error, e.duration, e.attempts, int(e.manual)))
-            for e in ended
-        ]
+        rows = ended_rows(ended)
         failed = await self._operations.run(partial(self._release_all, chunks(rows)))
         return {job: error for job, error in failed.items() if isinstance(error, Exception)}
 
