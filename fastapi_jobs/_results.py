@@ -78,9 +78,12 @@ class RunResult:
 class Manual:
     """A run asked for by hand (``Scheduler.trigger``), run by the job's task."""
 
-    __slots__ = ("asked_from", "done", "ran")
+    __slots__ = ("asked_from", "done", "past", "ran")
 
-    def __init__(self) -> None:
+    def __init__(self, *, past: bool = False) -> None:
+        self.past = past
+        """A backfilled tick: older than its claim's ``last_tick``, so its release
+        says the tick (``Ended.tick``)."""
         self.ran: Ran | None = None
         """How it ended; None until `done` (and for a cancelled run)."""
         self.done = anyio.Event()

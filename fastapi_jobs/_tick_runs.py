@@ -159,6 +159,7 @@ class TickRuns(GuardedRun):
         scope = anyio.CancelScope() if handle.scoped else None
         cancel = handle.cancel if scope is None else scope.cancel
         lease = self._lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
+        past = self.due if manual is not None and manual.past else None
         try:
             if scope is None:
                 ran = await self.attempts(self.due, state, manual, fence, started)
@@ -182,7 +183,7 @@ class TickRuns(GuardedRun):
                 ended: tuple[str, int, Outcome, str | None, float, int, bool, float | None]
                 if ran is None:
                     duration = max(0.0, self._clock.now() - started)
-                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None, None)
+                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None, past)
                 else:
                     error = None if ran.error is None else str(ErrorInfo.of(ran.error))
                     attempts = ran.attempts
@@ -194,7 +195,7 @@ class TickRuns(GuardedRun):
                         ran.duration,
                         attempts,
                         manual is not None,
-                        None,
+                        past,
                     )
                 claims.release_soon(_new(Ended, ended))
         return ran
