@@ -19,6 +19,7 @@ from ._errors import (
     JobRunningError,
     LeaseLostError,
     NotRunningError,
+    RunReplacedError,
     StoreError,
     UnconfirmedError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Outcome",
     "PauseState",
     "RunRecord",
+    "RunReplacedError",
     "RunResult",
     "Schedule",
     "Scheduler",

@@ -216,7 +216,9 @@ class Dispatcher:
                 continue
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
-                runner.skipped("overlap", tick)  # dropped, not queued
+                # Dropped, unless the job's overlap policy keeps it for after the run.
+                if runner.job.overlap == "skip" or not runner.keep(tick):
+                    runner.skipped("overlap", tick)
                 continue
             runner.due = tick
             runner.in_flight = True

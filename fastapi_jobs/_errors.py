@@ -87,6 +87,11 @@ class LeaseLostError(FastAPIJobsError):
     """Raised (and recorded) when a run's claim is no longer held by this instance."""
 
 
+class RunReplacedError(FastAPIJobsError):
+    """Recorded for a run cancelled because a newer tick of its job came while it
+    went, and the job's ``overlap`` is ``"replace"``."""
+
+
 class NotRunningError(FastAPIJobsError, RuntimeError):
     """Raised when a job is triggered while the scheduler is not running (or stopping)."""
 

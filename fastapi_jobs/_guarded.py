@@ -21,7 +21,7 @@ import anyio
 
 from ._concurrency import cancelled_from_outside
 from ._context import JobContext
-from ._results import Outcome, Ran, lease_lost
+from ._results import Outcome, Ran, lease_lost, replaced
 from ._runner_state import RunnerState
 
 if TYPE_CHECKING:
@@ -128,6 +128,8 @@ class GuardedRun(RunnerState):
             outcome, error = "failed", exc
         except BaseException as exc:
             if cancelled_from_outside(exc):
+                if self.replaced_by is not None:
+                    error = replaced(self.replaced_by)
                 raise
             # The job's own CancelledError, SystemExit...: a bug in it, its failure.
             outcome, error = "failed", exc
@@ -267,6 +269,12 @@ class GuardedRun(RunnerState):
         extra = {"job": name, "outcome": outcome, "duration_s": duration}
         if outcome == "cancelled":
             lease = self._lease
+            if error is not None:  # replaced by a newer tick (overlap="replace")
+                stats.ended(outcome, error, finished, duration)
+                self.logger.warning(
+                    "job %r: run cancelled after %.3fs: %s", name, duration, error, extra=extra
+                )
+                return
             if lease is None or lease.lost is None:
                 # Shutdown logs which jobs it cut; keep the previous error visible.
                 stats.ended(outcome, None, finished, duration)

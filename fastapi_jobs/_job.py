@@ -16,6 +16,7 @@ from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._handing_off import handing_off
+from ._policies import Jittered, Overlap, check_overlap, jittered
 from ._schedules import Schedule
 from .queues import Handoff, Outbox
 
@@ -46,6 +47,13 @@ class JobOptions(TypedDict, total=False):
     """Whether a run that timed out is retried like a failed one; default True."""
     paused: bool
     """Declared paused: it runs once an operator resumes it; default False."""
+    overlap: Overlap
+    """What a tick that comes while the job runs does: ``"skip"`` (default: dropped
+    and counted), ``"queue_one"`` (runs once right after the run), ``"replace"``
+    (cancels the run, recorded as replaced, and runs); see the policies page."""
+    jitter: float | timedelta | None
+    """Move every tick later by a fixed offset in ``[0, jitter)`` drawn from the
+    job's name (the same on every instance); shorter than the interval; default none."""
     enqueue: Handoff | None
     """Hand each tick to a task queue (`fastapi_jobs.queues`): the function
     returns the task's keyword arguments and the run enqueues it under the key
@@ -67,6 +75,8 @@ DEFAULTS = JobOptions(
     retry_backoff=1.0,
     retry_timeouts=True,
     paused=False,
+    overlap="skip",
+    jitter=None,
     enqueue=None,
 )
 """Each option's default, once (the signatures take ``**options``)."""
@@ -110,6 +120,11 @@ class Job:
     """Whether a run that timed out is retried like a failed one."""
     paused: bool = False
     """Declared paused: the job waits for an operator's resume."""
+    overlap: Overlap = "skip"
+    """What a tick that comes while the job runs does (``JobOptions.overlap``)."""
+    jitter: float | None = None
+    """The bound its ticks' offset was drawn under, in seconds (``schedule`` is
+    then a `Jittered` one, whose ticks are the ones that run); None: none."""
     enqueue: Handoff | None = None
     """A hand-off job's queue: ``func`` is then the function wrapped, and
     enqueues the task it returns."""
@@ -157,6 +172,8 @@ class Job:
         is_async = _is_async_job(name, func)
         takes_context = _takes_context(name, func)
         handoff = o["enqueue"]
+        overlap = check_overlap(name, o["overlap"], is_async=is_async, handoff=handoff is not None)
+        schedule = jittered(name, schedule, o["jitter"])
         if handoff is not None:
             func = handing_off(
                 name,
@@ -187,6 +204,8 @@ class Job:
             ),
             retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
             paused=flag("paused", o["paused"], context=said),
+            overlap=overlap,
+            jitter=schedule.jitter_us / 1e6 if isinstance(schedule, Jittered) else None,
             enqueue=handoff,
             task=task,
             built=_BUILT,

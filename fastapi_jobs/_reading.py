@@ -146,4 +146,5 @@ class Reader:
             now=parts.ticking.now(),
             hand_off=None if handoff is None else handoff.name,
             task=runner.job.task,
+            policies=(runner.job.overlap, runner.job.jitter),
         )

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 import anyio
 
-from ._errors import LeaseLostError
+from ._errors import LeaseLostError, RunReplacedError
 
 __all__ = ["Manual", "Outcome", "Ran", "RunResult", "SkipReason", "lease_lost"]
 
@@ -95,6 +95,12 @@ class Manual:
         never ran to an end here (the app stopped first, or its lease was lost)."""
         ran = self.ran
         return None if ran is None else RunResult.of(name, tick, ran)
+
+
+def replaced(tick: float) -> RunReplacedError:
+    """The error a run cancelled by a newer tick is recorded with."""
+    shown = datetime.fromtimestamp(tick, UTC).isoformat().replace("+00:00", "Z")
+    return RunReplacedError(f"replaced by the tick at {shown} (overlap='replace')")
 
 
 def lease_lost(reason: str, *, while_running: bool) -> LeaseLostError:

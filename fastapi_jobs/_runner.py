@@ -24,6 +24,7 @@ import anyio
 from ._concurrency import is_cancellation
 from ._results import Manual, Ran, RunResult
 from ._runner_state import HISTORY, Dispatching, Spawning
+from ._store import Ended
 from ._tick_runs import CUT_BEFORE_TICK, TickRuns, backoff
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class JobRunner(TickRuns):
                     first = self.first_tick(self._clock.now())
                 if first is not None:
                     dispatcher.add(self, first)
+            replaceable = self.job.overlap == "replace"
             while not self.stopping:
                 if not self.woken:
                     self._gate = gate = new_gate()
@@ -87,7 +89,9 @@ class JobRunner(TickRuns):
                 manual, fence = self.manual, self.fence
                 ran: Ran | None = None
                 try:
-                    if fence is None:
+                    if replaceable:
+                        ran = await self._replaceable(fence, state, manual)
+                    elif fence is None:
                         # self.attempts(), inlined: the hot path of a run.
                         tick = self.due
                         ran = await self.run(tick, state, manual=manual is not None)
@@ -107,6 +111,8 @@ class JobRunner(TickRuns):
                         self.manual = None
                         manual.ran = ran
                         manual.done.set()
+                if self.queued is not None:
+                    await self._run_kept()
         except BaseException as exc:
             if not (self.stopping and is_cancellation(exc)):
                 raise  # a cancellation from outside is never swallowed
@@ -116,6 +122,61 @@ class JobRunner(TickRuns):
             self._serving = False
             if not self.retired:  # else its stats are its successor's
                 self.stats.next_run_at = None
+
+    async def _replaceable(
+        self, fence: int | None, state: Mapping[str, Any], manual: Manual | None
+    ) -> Ran | None:
+        """A run of an ``overlap="replace"`` job: in a scope that a newer tick
+        cancels (`keep`); how it ended (cancelled by that tick: replaced)."""
+        tick = self.due
+        ran: Ran | None = None
+        try:
+            with anyio.CancelScope() as self._scope:
+                if fence is None:
+                    ran = await self.attempts(tick, state, manual)
+                else:
+                    self.fence = None
+                    ran = await self._run_claimed(fence, state, manual)
+        finally:
+            self._scope = None
+        if ran is None and self.replaced_by is not None and fence is None:
+            # Recorded by the guarded run; remembered in this process's history too.
+            stats = self.stats
+            duration, started = stats.last_duration or 0.0, stats.last_started_at or 0.0
+            ran = Ran("cancelled", stats.last_error, duration, started, 1)
+            self._remember(tick, manual, ran)
+        return ran
+
+    async def _run_kept(self) -> None:
+        """Run the tick kept during the run that just ended (``queue_one``, or
+        the tick that replaced it): now, claimed first with a store (the release
+        of the run before goes first: ``_claims``). Dropped if the app stops."""
+        tick, self.queued, self.replaced_by = self.queued, None, None
+        assert tick is not None
+        if self.stopping:
+            self.skipped("overlap", tick)
+            return
+        self.due = tick
+        if self.leases is None:
+            self.in_flight = self.woken = True
+            return
+        claims = self._claims
+        assert claims is not None
+        self.in_flight = True
+        claimed_at = anyio.current_time()
+        fences = await claims.claim([(self.job.name, tick)])
+        fence = None if isinstance(fences, Exception) else fences.get(self.job.name)
+        if isinstance(fence, int) and not self.stopping:
+            self.fence, self.claimed_at, self.woken = fence, claimed_at, True
+            return
+        self.in_flight = False
+        if isinstance(fence, int):  # the app began to stop while it claimed
+            claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
+            self.skipped("overlap", tick)
+        elif fence is None and not isinstance(fences, Exception):
+            self.skipped("claimed_elsewhere", tick)
+        else:
+            self.skipped("store_unavailable", tick)  # logged by claim()
 
     def first_tick(self, now: float) -> float | None:
         """The tick the job is first due at when the scheduler starts at ``now``

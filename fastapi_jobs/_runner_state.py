@@ -23,6 +23,7 @@ from ._clock import Clock
 from ._history import History
 from ._job import Job
 from ._leases import Lease, LeaseKeeper
+from ._policies import Jittered
 from ._results import Manual, SkipReason
 from ._schedules import Every
 from ._status import JobStats
@@ -70,6 +71,7 @@ class RunnerState:
         "_logger",
         "_parent_logger",
         "_retry_wait",
+        "_scope",
         "_serving",
         "_tasks",
         "claimed_at",
@@ -85,6 +87,8 @@ class RunnerState:
         "pause_unknown",
         "paused_until",
         "period_us",
+        "queued",
+        "replaced_by",
         "retired",
         "stats",
         "stopping",
@@ -119,7 +123,8 @@ class RunnerState:
         schedule = job.schedule
         # Interval jobs step on their grid by integer microseconds; others (and
         # subclasses, which may move their ticks) ask the schedule.
-        self.period_us = schedule.period_us if type(schedule) is Every else 0
+        kind = type(schedule)
+        self.period_us = schedule.period_us if kind is Every or kind is Jittered else 0  # type: ignore[attr-defined]
         self.grid_us = 0
         self.retired = False
         """Replaced by a runner of the job's changed schedule (made at run time),
@@ -135,6 +140,12 @@ class RunnerState:
         self.claimed_at = 0.0
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
+        self.queued: float | None = None
+        """A tick that came during the run in flight, kept to run right after it
+        (``overlap`` ``queue_one`` or ``replace``)."""
+        self.replaced_by: float | None = None
+        """The tick that cancelled the run in flight (``overlap="replace"``)."""
+        self._scope: anyio.CancelScope | None = None  # a replaceable run's
         self.paused_until = job.declared_pause
         """Ticks before this instant are skipped as paused (inf: until resumed)."""
         self.pause_unknown = False
@@ -161,7 +172,7 @@ class RunnerState:
         """Make ready to serve (a scheduler can be started more than once)."""
         self._claims, self._tasks = claims, tasks
         self.stopping = self.in_flight = self.woken = self._serving = False
-        self.fence = self._catch_up = None
+        self.fence = self._catch_up = self.queued = self.replaced_by = None
 
     def place(self, tick: float) -> None:
         """The job is due at ``tick``: `advance` steps on from there."""
@@ -211,6 +222,26 @@ class RunnerState:
         self.stats.skip(reason, count)
         if self.observers is not None:
             self.observers.skipped(self.job.name, tick, reason, count)
+
+    def keep(self, tick: float) -> bool:
+        """``tick`` came while the job is busy: keep it to run after the run in
+        flight, as the job's ``overlap`` says; False if it is dropped. Only a run
+        that goes in the job's task is followed (not a claim on its way, nor a
+        thread left running after its run was cut)."""
+        if not self.stats.running or self.stopping or self._handle is None:
+            return False
+        if self.job.overlap == "queue_one":
+            if self.queued is not None:
+                return False  # one is kept already
+            self.queued = tick
+            return True
+        if self.queued is not None:  # replace: the newest tick replaces a kept one too
+            self.skipped("overlap", self.queued)
+        self.queued = tick
+        if self.replaced_by is None and self._scope is not None:
+            self.replaced_by = tick
+            self._scope.cancel()
+        return True
 
     def wake(self) -> None:
         """Run the job for `due` (with `fence` if claimed). Once

@@ -239,6 +239,15 @@ class JobStatus(BaseModel):
         description="A schedule made at run time (`add_schedule`): the task it runs; "
         "null: a job declared in code.",
     )
+    overlap: str = Field(
+        default="skip",
+        description="What a tick that comes during a run does: skip, queue_one or replace.",
+    )
+    jitter: float | None = Field(
+        default=None,
+        description="The bound of the fixed offset of this job's ticks, in seconds "
+        "(`next_run_at` includes the offset); null: none.",
+    )
     cluster: ClusterJobStatus | None = Field(
         default=None,
         description="With a store: the last run of this job across all instances.",
@@ -346,6 +355,7 @@ class JobStats:
         now: float,
         hand_off: str | None = None,
         task: str | None = None,
+        policies: tuple[str, float | None] = ("skip", None),
     ) -> JobStatus:
         error = self.last_error
         return JobStatus(
@@ -369,4 +379,6 @@ class JobStats:
             retries=self.retries,
             hand_off=hand_off,
             task=task,
+            overlap=policies[0],
+            jitter=policies[1],
         )

@@ -21,7 +21,7 @@ from ._concurrency import is_cancellation
 from ._guarded import GuardedRun
 from ._history import History
 from ._leases import Lease
-from ._results import Manual, Outcome, Ran, lease_lost
+from ._results import Manual, Outcome, Ran, lease_lost, replaced
 from ._status import ErrorInfo
 from ._store import Ended
 
@@ -183,7 +183,9 @@ class TickRuns(GuardedRun):
                 ended: tuple[str, int, Outcome, str | None, float, int, bool, float | None]
                 if ran is None:
                     duration = max(0.0, self._clock.now() - started)
-                    ended = (name, fence, "cancelled", None, duration, 1, manual is not None, past)
+                    by = self.replaced_by  # else cut by the app's stop
+                    error = None if by is None else str(ErrorInfo.of(replaced(by)))
+                    ended = (name, fence, "cancelled", error, duration, 1, manual is not None, past)
                 else:
                     error = None if ran.error is None else str(ErrorInfo.of(ran.error))
                     attempts = ran.attempts
