@@ -151,7 +151,10 @@ async def test_jitter_moves_every_tick_by_the_same_offset_from_the_name() -> Non
     # The same name draws the same offset in every scheduler (every instance).
     again = Scheduler()
     again.add_job(spread, Every(hours=1), name="spread", jitter=600)
-    assert again.jobs["spread"].schedule.next_after(at(1).timestamp()) == (at(2) + offset).timestamp()
+    assert (
+        again.jobs["spread"].schedule.next_after((at(1) + offset).timestamp())
+        == (at(2) + offset).timestamp()
+    )
 
 
 def test_jitter_spreads_names_and_is_stable_across_processes() -> None:
@@ -167,7 +170,9 @@ def test_jitter_spreads_names_and_is_stable_across_processes() -> None:
 
 def test_jitter_on_cron_keeps_the_zone_and_moves_each_tick() -> None:
     scheduler = Scheduler()
-    scheduler.add_job(lambda: None, Cron("0 9 * * mon-fri", tz="Europe/Lisbon"), name="d", jitter=300)
+    scheduler.add_job(
+        lambda: None, Cron("0 9 * * mon-fri", tz="Europe/Lisbon"), name="d", jitter=300
+    )
     job = scheduler.jobs["d"]
     base = Cron("0 9 * * mon-fri", tz="Europe/Lisbon")
     now = datetime(2026, 12, 2, tzinfo=UTC).timestamp()
