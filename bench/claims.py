@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +72,12 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
                 *,
                 manual: bool = False,
                 versions: Mapping[str, int] | None = None,
+                replace: Collection[str] = (),
             ) -> dict[str, int | Exception]:
                 t0 = time.perf_counter()
-                fences = await super().claim(wanted, manual=manual, versions=versions)
+                fences = await super().claim(
+                    wanted, manual=manual, versions=versions, replace=replace
+                )
                 if on:
                     latencies.append((time.perf_counter() - t0) * 1000)
                     statements["claim calls"] += len(wanted)

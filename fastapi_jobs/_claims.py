@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 
@@ -50,6 +51,9 @@ class Claims:
         """The schedules made at run time, by name, and the version of each this
         instance runs (kept current by ``_schedule_book``): passed with every
         claim while there are any."""
+        self.replacing: set[str] = set()
+        """The jobs whose ``overlap`` is ``"replace"``: their claims take over a
+        lease still held (``Store.claim``'s ``replace``)."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
@@ -68,6 +72,8 @@ class Claims:
                 if self._unreleased or self._ended or self._sending:
                     await self._release_first({job for job, _ in wanted})
                 versions = self.versions
+                if self.replacing and not manual:
+                    return await self._claim_replacing(wanted)
                 if versions:
                     return await store.claim(wanted, manual=manual, versions=versions)
                 if manual:
@@ -85,6 +91,16 @@ class Claims:
                 exc if told else repr(exc),
             )
             return exc
+
+    async def _claim_replacing(
+        self, wanted: list[tuple[str, float]]
+    ) -> Mapping[str, int | Exception]:
+        # Only the arguments in use: a store of another library may lack them.
+        given: dict[str, Any] = {"versions": self.versions} if self.versions else {}
+        replace = [job for job, _ in wanted if job in self.replacing]
+        if replace:
+            given["replace"] = replace
+        return await self.store.claim(wanted, **given)
 
     async def _release_first(self, jobs: set[str]) -> None:
         """Before claiming ``jobs``: send the releases that failed before and the

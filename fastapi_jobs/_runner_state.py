@@ -171,6 +171,8 @@ class RunnerState:
     def arm(self, claims: Claims | None, tasks: Spawning) -> None:
         """Make ready to serve (a scheduler can be started more than once)."""
         self._claims, self._tasks = claims, tasks
+        if claims is not None and self.leases is not None and self.job.overlap == "replace":
+            claims.replacing.add(self.job.name)
         self.stopping = self.in_flight = self.woken = self._serving = False
         self.fence = self._catch_up = self.queued = self.replaced_by = None
 

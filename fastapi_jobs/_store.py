@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -85,6 +85,7 @@ class Store(Protocol):
         *,
         manual: bool = False,
         versions: Mapping[str, int] | None = None,
+        replace: Collection[str] = (),
     ) -> Mapping[str, int | Exception]:
         """Claim each ``(job, tick)``, all in one go (the scheduler asks once per
         instant for every job due then). A job paused in the store is not
@@ -96,6 +97,12 @@ class Store(Protocol):
         unless the store's schedule of that name has that version (changed or
         removed elsewhere: not claimed), and a job not listed is not claimed
         while the store has a live schedule of its name.
+
+        ``replace`` (passed only when some of ``wanted`` are such jobs, never with
+        ``manual``): jobs whose ``overlap`` is ``"replace"``; their claim takes over
+        a lease still held (its holder's renewal then fails, and its run is
+        cancelled), and the run it replaces is recorded in the history as
+        cancelled.
 
         Returns, by job, the new fence of each claim made; a job that is missing
         is held elsewhere (or its tick is not newer than its last); an exception

@@ -17,6 +17,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._db_clock import sqlite_now
+from ._operations import transaction
 
 __all__ = [
     "MAX_ROWS",
@@ -192,4 +193,30 @@ async def claim_all(
 
     for chunk in chunks:
         await each_row_alone_on_error(claim_rows, chunk, fences)
+    return fences
+
+
+async def claim_taking_over(
+    batches: Compiled,
+    rows: Sequence[tuple[Any, ...]],
+    taking: set[str],
+    params: dict[str, object],
+    fences: dict[str, int | Exception],
+    asked: dict[str, float],
+    conn: AsyncConnection,
+    *,
+    history: bool,
+) -> dict[str, int | Exception]:
+    """Claim ``rows``; those of the ``taking`` jobs (``overlap="replace"``) take
+    over a lease still held. In one transaction, with the history rows of the
+    runs they replace written first (``history``: the store keeps one)."""
+    others = [row for row in rows if row[0] not in taking]
+    if others:
+        await claim_all(batches, "claim", chunks(others), params, fences, asked, conn)
+    replacing = [row for row in rows if row[0] in taking]
+    async with transaction(conn):
+        if history:
+            sent = {**params, "b_sent": sqlite_now(), "b_rows": encode(replacing)}
+            await batches.execute(conn, "replaced_runs", sent)
+        await claim_all(batches, "claim_replace", chunks(replacing), params, fences, asked, conn)
     return fences

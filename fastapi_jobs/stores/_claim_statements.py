@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
-__all__ = ["claim", "reclaim"]
+__all__ = ["claim", "reclaim", "replaced_runs"]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -26,29 +26,16 @@ def claim(
     schedules: sa.Table | None = None,
     *,
     manual: bool = False,
+    take_over: bool = False,
 ) -> Any:
     """The claim of many jobs in one statement (rows as in ``rows_cte``). A paused
     job's tick is not claimed, unless ``manual`` (an operator asked for the run);
-    with ``schedules``, see `_current`."""
-    c, p, now = claims, pauses, db_now()
+    with ``schedules``, see `_current`. ``take_over``: the jobs' overlap policy is
+    ``replace``, and a lease still held does not stop the claim (`replaced_runs`
+    records the run it replaces first)."""
+    c, now = claims, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
-    wanted = rows_cte(
-        "wanted", {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}, dialect
-    )
-    # Rows that may be claimed at all: the tick is not in the future on the
-    # database's clock (a host whose clock jumped ahead must not move
-    # `last_tick` past the ticks the others are about to claim), and the
-    # statement did not wait past the timeout (its caller gave up).
-    conditions = [
-        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
-        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
-    ]
-    if not manual:
-        # A pause taken on any instance holds from the next claim on: one
-        # primary-key probe per row, in the claim's own statement.
-        conditions.append(_not_paused(p, wanted.c.job, now))
-    if schedules is not None:
-        conditions.append(_current(schedules, wanted))
+    wanted = _wanted(dialect)
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -56,23 +43,114 @@ def claim(
         sa.bindparam("b_owner", type_=sa.String),
         now + lease,
         now,
-    ).where(*conditions)
+    ).where(*_claimable(wanted, pauses, schedules, now, manual=manual))
     new = insert(c).from_select(
         ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
     )
-    return _taken_over(claims, new, now).returning(c.c.job, c.c.fence)
+    return _taken_over(claims, new, now, take_over).returning(c.c.job, c.c.fence)
 
 
-def _taken_over(claims: sa.Table, new: Any, now: Any) -> Any:
+def _wanted(dialect: str) -> Any:
+    return rows_cte(
+        "wanted", {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}, dialect
+    )
+
+
+def _claimable(
+    wanted: Any, pauses: sa.Table, schedules: sa.Table | None, now: Any, *, manual: bool
+) -> list[Any]:
+    """The conditions on a row of ``wanted`` that may be claimed at all."""
+    # The tick is not in the future on the database's clock (a host whose clock
+    # jumped ahead must not move `last_tick` past the ticks the others are about
+    # to claim), and the statement did not wait past the timeout (its caller
+    # gave up).
+    conditions = [
+        wanted.c.tick <= now + sa.bindparam("b_early", type_=sa.Double),
+        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+    ]
+    if not manual:
+        # A pause taken on any instance holds from the next claim on: one
+        # primary-key probe per row, in the claim's own statement.
+        conditions.append(_not_paused(pauses, wanted.c.job, now))
+    if schedules is not None:
+        conditions.append(_current(schedules, wanted))
+    return conditions
+
+
+_REPLACED = "RunReplacedError: replaced by the newer tick claimed by "
+
+
+def replaced_runs(
+    claims: sa.Table,
+    pauses: sa.Table,
+    runs: sa.Table,
+    dialect: str,
+    schedules: sa.Table | None = None,
+) -> Any:
+    """The history rows of the runs that a ``take_over`` claim (same ``b_rows``)
+    is about to replace: a claim still held, of an older tick, whose new claim
+    meets `claim`'s conditions. Sent just before it, in its transaction; on
+    PostgreSQL the claims' rows are locked, so a release that comes between the
+    two is waited for, and its run is not recorded twice."""
+    c, now = claims, db_now()
+    wanted = _wanted(dialect)
+    held = (
+        sa.select(
+            c.c.job,
+            c.c.fence,
+            c.c.last_tick,
+            sa.false(),
+            sa.literal_column("1", sa.Integer),
+            c.c.started_at,
+            now,
+            sa.case(
+                (now > c.c.started_at, now - c.c.started_at),
+                else_=sa.literal_column("0.0", sa.Double),
+            ),
+            sa.literal_column("'cancelled'", sa.String),
+            # Constants as SQL, not binds: every bind is a named one (``b_...``).
+            sa.literal_column(f"'{_REPLACED}'", sa.Text) + sa.bindparam("b_owner", type_=sa.String),
+            c.c.owner,
+        )
+        .join_from(wanted, c, c.c.job == wanted.c.job)
+        .where(
+            c.c.lease_until.is_not(None),
+            c.c.lease_until >= now,
+            c.c.last_tick < wanted.c.tick,
+            *_claimable(wanted, pauses, schedules, now, manual=False),
+        )
+    )
+    if dialect == "postgresql":
+        held = held.with_for_update(of=c)
+    return sa.insert(runs).from_select(
+        [
+            "job",
+            "fence",
+            "tick",
+            "manual",
+            "attempts",
+            "started_at",
+            "finished_at",
+            "duration",
+            "outcome",
+            "error",
+            "instance",
+        ],
+        held,
+    )
+
+
+def _taken_over(claims: sa.Table, new: Any, now: Any, take_over: bool = False) -> Any:
     """A claim's insert, over the job's row where it may be claimed.
 
     A tick must be newer than the last one claimed (so a tick never runs
     twice), and the previous lease must be free (so runs never overlap
-    across instances). Rows that fail return nothing. (A job's very first
-    claim inserts its row.) The last run's end (finished_at, outcome, error,
-    duration) stays until this run's release: while a run goes, the status
-    shows the run before it, not nothing."""
+    across instances), unless ``take_over``. Rows that fail return nothing. (A
+    job's very first claim inserts its row.) The last run's end (finished_at,
+    outcome, error, duration) stays until this run's release: while a run goes,
+    the status shows the run before it, not nothing."""
     c = claims
+    free = sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now)
     return new.on_conflict_do_update(
         index_elements=[c.c.job],
         set_={
@@ -82,10 +160,9 @@ def _taken_over(claims: sa.Table, new: Any, now: Any) -> Any:
             "lease_until": new.excluded.lease_until,
             "started_at": new.excluded.started_at,
         },
-        where=sa.and_(
-            c.c.last_tick < new.excluded.last_tick,
-            sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
-        ),
+        where=c.c.last_tick < new.excluded.last_tick
+        if take_over
+        else sa.and_(c.c.last_tick < new.excluded.last_tick, free),
     )
 
 

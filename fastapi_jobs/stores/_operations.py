@@ -174,10 +174,10 @@ class Operations:
 
 @asynccontextmanager
 async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
-    """A transaction on a connection of the store's AUTOCOMMIT engine (SQLite's
-    syntax). IMMEDIATE takes the file's write lock at the start, within the busy
-    timeout, so no statement inside fails halfway for a lock."""
-    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    """A transaction on a connection of the store's AUTOCOMMIT engine. On SQLite,
+    IMMEDIATE takes the file's write lock at the start, within the busy timeout,
+    so no statement inside fails halfway for a lock."""
+    await conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.dialect.name == "sqlite" else "BEGIN")
     try:
         yield
         await conn.exec_driver_sql("COMMIT")

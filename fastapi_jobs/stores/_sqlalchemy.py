@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from .._errors import LeaseLostError, StoreError
 from .._status import ClusterView, RunRecord
 from .._store import Ended, Instance
 from . import _reads, _tables
-from ._batches import chunks, claim_all, each_row_alone_on_error, encode
+from ._batches import chunks, claim_all, claim_taking_over, each_row_alone_on_error, encode
 from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
 from ._options import check_options
@@ -159,14 +159,19 @@ class SQLAlchemyStore:
         *,
         manual: bool = False,
         versions: _Versions = None,
+        replace: Collection[str] = (),
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
         thousand rows); see `fastapi_jobs.stores.Store.claim`."""
+        rows: Sequence[tuple[Any, ...]] = wanted
         if not wanted:
             return {}
-        rows: Sequence[tuple[Any, ...]] = wanted
         if versions:  # a stored schedule's row has a third value: its version
             rows = [(j, t) if j not in versions else (j, t, versions[j]) for j, t in wanted]
+        if replace and not manual:
+            taking = (self._statements.batches, rows, set(replace), self._claim_params())
+            claim_all = partial(claim_taking_over, *taking, history=bool(self.history))
+            return await self._claiming(claim_all)
         kind = "claim_manual" if manual else "claim"
         return await self._claiming(partial(self._claim_all, kind, chunks(rows)))
 
@@ -238,14 +243,12 @@ class SQLAlchemyStore:
         asked: dict[str, float],
         conn: AsyncConnection,
     ) -> dict[str, int | Exception]:
-        params: dict[str, object] = {
-            "b_owner": self._owner,
-            "b_lease": self.lease,
-            "b_timeout": self.timeout,
-            "b_early": _FUTURE_MARGIN,
-        }
-        batches = self._statements.batches
-        return await claim_all(batches, kind, chunks, params, fences, asked, conn)
+        params = self._claim_params()
+        return await claim_all(self._statements.batches, kind, chunks, params, fences, asked, conn)
+
+    def _claim_params(self) -> dict[str, object]:
+        owner, lease, timeout = self._owner, self.lease, self.timeout
+        return {"b_owner": owner, "b_lease": lease, "b_timeout": timeout, "b_early": _FUTURE_MARGIN}
 
     async def renew(self, job: str, fence: int) -> bool:
         params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._store import Ended
 from ._batches import Compiled, rows_cte
-from ._claim_statements import claim, reclaim
+from ._claim_statements import claim, reclaim, replaced_runs
 from ._db_clock import db_now
 from ._tables import Tables
 
@@ -76,11 +76,15 @@ class Statements:
 
     def _batch(self, kind: str) -> Any:
         t = self._tables
-        if kind in ("claim", "claim_manual"):
-            schedules = t.schedules if self.schedules else None
+        schedules = t.schedules if self.schedules else None
+        if kind in ("claim", "claim_manual", "claim_replace"):
             return claim(
-                t.claims, t.pauses, self._insert, self.dialect, schedules, manual=kind != "claim"
+                *(t.claims, t.pauses, self._insert, self.dialect, schedules),
+                manual=kind == "claim_manual",
+                take_over=kind == "claim_replace",
             )
+        if kind == "replaced_runs":
+            return replaced_runs(t.claims, t.pauses, t.runs, self.dialect, schedules)
         if kind == "reclaim":
             return reclaim(t.claims, t.pauses, self.dialect)
         runs = t.runs if self._history else None
