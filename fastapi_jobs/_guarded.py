@@ -105,8 +105,7 @@ class GuardedRun(RunnerState):
         timeout, lost lease, the caller) is recorded and re-raised. ``until``:
         an async run still going then is cut, as a timeout (a retry's bound)."""
         job, stats, clock = self.job, self.stats, self._clock
-        if started is None:
-            started = clock.now()
+        started = clock.now() if started is None else started
         stats.running, stats.last_started_at = True, started
         stats.runs += 1
         outcome: Outcome = "cancelled"
@@ -128,8 +127,7 @@ class GuardedRun(RunnerState):
             outcome, error = "failed", exc
         except BaseException as exc:
             if cancelled_from_outside(exc):
-                if self.replaced_by is not None:
-                    error = replaced(self.replaced_by)
+                error = None if self.replaced_by is None else replaced(self.replaced_by)
                 raise
             # The job's own CancelledError, SystemExit...: a bug in it, its failure.
             outcome, error = "failed", exc

@@ -16,7 +16,7 @@ from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._handing_off import handing_off
-from ._policies import Jittered, Overlap, check_overlap, jittered
+from ._policies import Overlap, check_overlap, jitter_of, jittered
 from ._schedules import Schedule
 from .queues import Handoff, Outbox
 
@@ -161,8 +161,7 @@ class Job:
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; `ConfigurationError` says what to fix.
-        ``outbox``: the scheduler's store's, which a hand-off may need;
-        ``task``: the task of a schedule made at run time."""
+        ``outbox``: the store's, for a hand-off; ``task``: a stored schedule's."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")
@@ -172,7 +171,7 @@ class Job:
         is_async = _is_async_job(name, func)
         takes_context = _takes_context(name, func)
         handoff = o["enqueue"]
-        overlap = check_overlap(name, o["overlap"], is_async=is_async, handoff=handoff is not None)
+        overlap = check_overlap(name, o["overlap"], is_async=is_async, handoff=bool(handoff))
         schedule = jittered(name, schedule, o["jitter"])
         if handoff is not None:
             func = handing_off(
@@ -205,7 +204,7 @@ class Job:
             retry_timeouts=flag("retry_timeouts", o["retry_timeouts"], context=said),
             paused=flag("paused", o["paused"], context=said),
             overlap=overlap,
-            jitter=schedule.jitter_us / 1e6 if isinstance(schedule, Jittered) else None,
+            jitter=jitter_of(schedule),
             enqueue=handoff,
             task=task,
             built=_BUILT,

@@ -205,6 +205,9 @@ def state_of(status: JobStatus) -> str:
     return "cancelled" if outcome == "cancelled" else "ok"
 
 
+_OVERLAP_SAID = {"queue_one": "waits for it (one)", "replace": "replaces it"}
+
+
 def _row(
     status: JobStatus, runs: Sequence[RunRecord], links: Links, now: float, several: bool
 ) -> str:
@@ -218,6 +221,9 @@ def _row(
     if status.paused and status.paused_until is not None:
         cells.append(f'<br><span class="sub">until {time_tag(status.paused_until, now)}</span>')
     cells.append(f'</td><td data-label="Schedule">{escape(status.schedule)}')
+    if status.overlap != "skip":  # the default goes unsaid
+        said = _OVERLAP_SAID.get(status.overlap, status.overlap)
+        cells.append(f'<br><span class="sub policy">a tick during a run {escape(said)}</span>')
     if status.hand_off is not None:  # its run is an enqueue: say where to
         cells.append(f'<br><span class="sub">hands off to {escape(status.hand_off)}</span>')
     if status.task is not None:  # a row of the store, not the code

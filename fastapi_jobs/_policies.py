@@ -18,7 +18,15 @@ from ._checks import seconds
 from ._errors import ConfigurationError, short
 from ._schedules import Every, Schedule
 
-__all__ = ["OVERLAPS", "Jittered", "Overlap", "check_overlap", "jittered", "name_offset"]
+__all__ = [
+    "OVERLAPS",
+    "Jittered",
+    "Overlap",
+    "check_overlap",
+    "jitter_of",
+    "jittered",
+    "name_offset",
+]
 
 Overlap = Literal["skip", "queue_one", "replace"]
 """What a tick that comes while the job runs does: ``skip`` (dropped, counted as
@@ -77,6 +85,11 @@ def jittered(name: str, schedule: Schedule, jitter: object) -> Schedule:
             f"{'' if isinstance(schedule, Every) else ', its shortest gap between two ticks'})"
         )
     return Jittered(schedule, name_offset(name, jitter_us), jitter_us)
+
+
+def jitter_of(schedule: Schedule) -> float | None:
+    """The jitter bound of ``schedule``, in seconds (None: not a `Jittered` one)."""
+    return schedule.jitter_us / _US if isinstance(schedule, Jittered) else None
 
 
 def _shortest_gap_us(schedule: Schedule) -> int | None:

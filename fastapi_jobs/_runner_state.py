@@ -45,6 +45,9 @@ HISTORY = 50
 # that this module does not import it (not even for type checking: no cycle).
 
 
+_GRIDS = (Every, Jittered)  # the schedules whose ticks step on a grid of integer µs
+
+
 class Dispatching(Protocol):
     """What a job's task needs of the dispatcher (``_dispatcher.Dispatcher``)."""
 
@@ -123,8 +126,7 @@ class RunnerState:
         schedule = job.schedule
         # Interval jobs step on their grid by integer microseconds; others (and
         # subclasses, which may move their ticks) ask the schedule.
-        kind = type(schedule)
-        self.period_us = schedule.period_us if kind is Every or kind is Jittered else 0  # type: ignore[attr-defined]
+        self.period_us = schedule.period_us if type(schedule) in _GRIDS else 0  # type: ignore[attr-defined]
         self.grid_us = 0
         self.retired = False
         """Replaced by a runner of the job's changed schedule (made at run time),
@@ -141,8 +143,7 @@ class RunnerState:
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
         self.queued: float | None = None
-        """A tick that came during the run in flight, kept to run right after it
-        (``overlap`` ``queue_one`` or ``replace``)."""
+        """A tick that came during the run in flight, kept to run after it (`keep`)."""
         self.replaced_by: float | None = None
         """The tick that cancelled the run in flight (``overlap="replace"``)."""
         self._scope: anyio.CancelScope | None = None  # a replaceable run's

@@ -30,6 +30,7 @@ def test_exported_members() -> None:
         "JobRunningError",
         "JobStatus",
         "LeaseLostError",
+        "RunReplacedError",
         "NotRunningError",
         "Outcome",
         "PauseState",

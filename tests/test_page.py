@@ -302,3 +302,27 @@ async def test_a_page_without_stored_schedules_has_no_such_section() -> None:
     async with serve(make_app(scheduler)) as client:
         page = (await client.get("/jobs/ui")).text
     assert 'class="unknown"' not in page and "made at run time" not in page
+
+
+@pytest.mark.looptime
+async def test_a_job_row_says_its_overlap_policy_and_jitter() -> None:
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1, overlap="queue_one", jitter=300)
+    async def kept() -> None: ...
+
+    @scheduler.every(hours=1, overlap="replace")
+    async def replaced() -> None: ...
+
+    @scheduler.every(hours=1)
+    async def plain() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        page = (await client.get("/jobs/ui", headers=HTML)).text
+        listed = {job["name"]: job for job in (await client.get("/jobs")).json()}
+    assert "a tick during a run waits for it (one)" in page_row(page, "kept")
+    assert "jitter 0:05:00 (+" in page_row(page, "kept")
+    assert "a tick during a run replaces it" in page_row(page, "replaced")
+    assert "a tick during a run" not in page_row(page, "plain")
+    assert (listed["kept"]["overlap"], listed["kept"]["jitter"]) == ("queue_one", 300.0)
+    assert (listed["plain"]["overlap"], listed["plain"]["jitter"]) == ("skip", None)

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs._store import Ended
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .support.waiting import poll
@@ -23,29 +24,30 @@ async def test_a_replace_claim_takes_over_a_held_lease_and_records_the_run_it_re
     database_url: str,
 ) -> None:
     async with opened(database_url) as (store, engine):
-        first = await store.claim([("job", 10.0)])
-        assert set(first) == {"job"}
+        claimed = await store.claim([("job", 10.0)])
+        fence = claimed["job"]
+        assert isinstance(fence, int)
         # Held: an ordinary claim of a newer tick is refused; a replace claim is not.
         assert await store.claim([("job", 20.0)]) == {}
         taken = await store.claim([("job", 20.0), ("other", 20.0)], replace=["job"])
         assert set(taken) == {"job", "other"}
-        assert taken["job"] == first["job"] + 1
+        assert taken["job"] == fence + 1
         # Never an older or the same tick, even for replace.
         assert await store.claim([("job", 20.0)], replace=["job"]) == {}
         assert await store.claim([("job", 15.0)], replace=["job"]) == {}
         # The old holder's renewal sees the new fence; its release changes nothing.
-        assert not await store.renew("job", first["job"])
+        assert not await store.renew("job", fence)
         runs = await store.runs("job", 10)
-        assert [(r.id, r.outcome, r.tick.timestamp()) for r in runs] == [
-            (str(first["job"]), "cancelled", 10.0)
+        assert [(r.id, r.outcome, r.tick) for r in runs] == [
+            (str(fence), "cancelled", datetime.fromtimestamp(10.0, UTC))
         ]
         assert runs[0].error is not None
         assert runs[0].error.type == "RunReplacedError"
         assert "replaced by the newer tick claimed by" in runs[0].error.message
         # A replace claim of a free job records nothing.
-        from fastapi_jobs._store import Ended
-
-        await store.release([Ended("job", taken["job"], "ok", None, 0.1)])
+        new = taken["job"]
+        assert isinstance(new, int)
+        await store.release([Ended("job", new, "ok", None, 0.1)])
         assert set(await store.claim([("job", 30.0)], replace=["job"])) == {"job"}
         async with engine.connect() as conn:
             count = await conn.scalar(sa.select(sa.func.count()).select_from(store.tables.runs))
@@ -65,19 +67,20 @@ def _scheduler(url: str, **options: object) -> Scheduler:
     return Scheduler(store=store, shutdown_timeout=5, **options)  # type: ignore[arg-type]
 
 
-async def _history(
-    url: str, prefix: str = "fastapi_jobs_"
-) -> list[sa.Row[tuple[int, float, str, float, float]]]:
+Row = tuple[int, float, str, float, float]  # fence, tick, outcome, started_at, finished_at
+
+
+async def _history(url: str) -> list[Row]:
     engine = create_async_engine(url)
     try:
         async with engine.connect() as conn:
             result = await conn.execute(
                 sa.text(
-                    f"SELECT fence, tick, outcome, started_at, finished_at FROM {prefix}runs "
+                    "SELECT fence, tick, outcome, started_at, finished_at FROM fastapi_jobs_runs "
                     "WHERE job = 'long' ORDER BY fence"
                 )
             )
-            return list(result.all())  # type: ignore[arg-type]
+            return [(int(f), float(t), str(o), float(s), float(e)) for f, t, o, s, e in result]
     finally:
         await engine.dispose()
 
