@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
+from ._policies import OVERLAPS
 from ._schedules import Cron, Every, Schedule
 
 __all__ = [
@@ -55,10 +56,12 @@ class ScheduleOptions(TypedDict, total=False):
     retry_backoff: float | timedelta
     retry_timeouts: bool
     paused: bool
+    overlap: str
+    jitter: float | timedelta | None
 
 
 _OPTIONS = ScheduleOptions.__optional_keys__
-_DURATIONS = ("timeout", "catch_up", "retry_backoff")
+_DURATIONS = ("timeout", "catch_up", "retry_backoff", "jitter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +266,10 @@ def check_stored_options(name: str, options: Mapping[str, Any]) -> dict[str, Any
             value = flag(key, value, context=said)
         elif key == "retries" and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigurationError(f"{said}retries={short(value)}: pass a whole number")
+        elif key == "overlap" and value not in OVERLAPS:
+            raise ConfigurationError(
+                f"{said}overlap={short(value)}: pass one of {', '.join(map(repr, OVERLAPS))}"
+            )
         kept[key] = value
     return kept
 

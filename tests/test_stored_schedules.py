@@ -294,3 +294,34 @@ async def test_a_declared_pause_follows_the_spec_and_an_operators_pause_holds() 
         await anyio.sleep(20)
         assert scheduler.job_status("r").paused
     assert ran == [("a", 20.0), ("b", 50.0)]
+
+
+async def test_a_stored_schedule_takes_an_overlap_policy_and_jitter() -> None:
+    ran: list[tuple[str, float]] = []
+    scheduler = with_report(ran)
+
+    @scheduler.task()
+    def blocking() -> None: ...
+
+    async with scheduler.running():
+        made = await scheduler.add_schedule(
+            "acme",
+            "report",
+            Every(seconds=10),
+            kwargs={"tenant": "acme"},
+            overlap="queue_one",
+            jitter=5,
+        )
+        assert dict(made.options) == {"overlap": "queue_one", "jitter": 5.0}
+        status = scheduler.job_status("acme")
+        assert (status.overlap, status.jitter) == ("queue_one", 5.0)
+        await anyio.sleep(21)
+        with pytest.raises(ConfigurationError, match="overlap='later': pass one of 'skip'"):
+            await scheduler.add_schedule("b", "blocking", Every(seconds=10), overlap="later")
+        with pytest.raises(ConfigurationError, match="jitter=0:00:10 must be shorter"):
+            await scheduler.add_schedule("c", "blocking", Every(seconds=10), jitter=10)
+        with pytest.raises(ConfigurationError, match="thread, which cannot be cancelled"):
+            await scheduler.add_schedule("d", "blocking", Every(seconds=10), overlap="replace")
+    offset = ran[0][1]  # the name's offset (3.03 s), drawn under 5 s
+    assert 0 < offset < 5
+    assert ran == [("acme", offset), ("acme", 10 + offset)]  # 21 s of virtual time
