@@ -9,6 +9,7 @@ database), ``fastapi_jobs.observers`` (run hooks), ``fastapi_jobs.testing``
 import warnings as _warnings
 from typing import Any as _Any
 
+from ._backfill_results import BackfillResult, BackfillTick
 from ._clock import Clock, SystemClock
 from ._context import JobContext
 from ._control import TriggeredRun
@@ -40,6 +41,8 @@ from ._status import (
 from ._stored import StoredSchedule
 
 __all__ = [
+    "BackfillResult",
+    "BackfillTick",
     "Clock",
     "ClusterJobStatus",
     "ClusterView",

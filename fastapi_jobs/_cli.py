@@ -29,6 +29,8 @@ from typing import Any
 
 import anyio
 
+from ._cli_backfill import add_parser as add_backfill
+from ._cli_backfill import backfill
 from ._cli_run import OK, run
 from ._cli_schedules import add_parsers, schedules
 from ._distribution import described
@@ -68,7 +70,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {described()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
     listing = commands.add_parser(
         "list",
         help="each job: its schedule, next run times, claimed or not, paused or not",
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         "hand, as POST /jobs/{name}/run: still never beside a run going elsewhere)",
     )
     add_parsers(commands, _TARGET_HELP)
+    add_backfill(commands, _TARGET_HELP)
     return parser
 
 
@@ -128,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_list, scheduler, app, _count(args.n))
         if args.command in ("schedules", "schedule"):
             return anyio.run(schedules, scheduler, app, args)
+        if args.command == "backfill":
+            return anyio.run(backfill, scheduler, app, args)
         if args.job not in scheduler.jobs:
             raise UsageError(str(JobNotFoundError(args.job, list(scheduler.jobs))))
         return anyio.run(run, scheduler, app, args.job, args.force)

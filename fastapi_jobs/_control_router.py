@@ -1,7 +1,8 @@
-"""The control router: ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``,
-and the changes to schedules made at run time (``_schedule_routes``), which
-the app must put behind its own auth (``Scheduler.control_router``), and which
-refuses cross-origin browser requests (CSRF)."""
+"""The control router: ``POST /jobs/{name}/run``, ``/pause``, ``/resume`` and
+``/backfill`` (``_backfill_routes``), and the changes to schedules made at run
+time (``_schedule_routes``), which the app must put behind its own auth
+(``Scheduler.control_router``), and which refuses cross-origin browser requests
+(CSRF)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
+from ._backfill_routes import add_backfill
 from ._errors import (
     ConfigurationError,
     JobNotFoundError,
@@ -119,6 +121,7 @@ def build_control_router(seam: Seam, dependencies: Sequence[Any]) -> APIRouter:
     _add_run(router, seam)
     _add_pauses(router, seam)
     add_schedule_changes(router, seam)
+    add_backfill(router, seam)
     return router
 
 

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
+from ._backfill_api import BackfillMethods
 from ._checks import flag, seconds
 from ._clock import Clock, OffsetClock, SystemClock
 from ._control import TriggeredRun
@@ -43,11 +44,10 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
 __all__ = ["AppLifespan", "Scheduler", "seam_of"]
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(ScheduleMethods):
+class Scheduler(ScheduleMethods, BackfillMethods):
     """The registry of jobs, and the lifespan that runs them.
 
     Example:

@@ -15,6 +15,8 @@ def test_exported_members() -> None:
     module that defines it."""
     assert fastapi_jobs.__all__ == sorted(fastapi_jobs.__all__)
     assert set(fastapi_jobs.__all__) == {
+        "BackfillResult",
+        "BackfillTick",
         "Clock",
         "ClusterJobStatus",
         "ClusterView",

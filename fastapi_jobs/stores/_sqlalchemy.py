@@ -28,6 +28,7 @@ from .._errors import LeaseLostError, StoreError
 from .._status import ClusterView, RunRecord
 from .._store import Ended, Instance
 from . import _reads, _tables
+from ._backfills import StoreBackfills
 from ._batches import chunks, claim_all, claim_taking_over, each_row_alone_on_error, encode
 from ._engines import EngineSource, check_source, choose
 from ._operations import NOT_OPEN, Operations, transaction
@@ -44,9 +45,8 @@ _T = TypeVar("_T")
 _Reclaimed = dict[str, int | tuple[float, float] | Exception]
 _Versions = Mapping[str, int] | None
 
-# How far ahead of the database's clock a tick may be claimed. Healthy hosts
-# claim at or after the tick (their clock follows the database's); this only
-# absorbs timers that fire a hair early and the error of the offset's estimate.
+# How far ahead of the database's clock a tick may be claimed. Healthy hosts claim at
+# or after the tick; this absorbs timers that fire a hair early and the offset's error.
 _FUTURE_MARGIN = 1.0
 
 
@@ -108,6 +108,7 @@ class SQLAlchemyStore:
         self._operations = Operations(self.timeout, self._prepare)
         self.outbox = StoreOutbox(self._operations, self.tables, self.lease)  # queues.Outbox
         self.schedules = StoreSchedules(self._operations, self.tables)  # _stored.ScheduleTable
+        self.backfills = StoreBackfills(self)  # claims of past ticks (Scheduler.backfill)
 
     # -- life -------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""Backfill with a store, on every backend: the claim of a past tick (a tick
+that ran is refused, a held lease is said, ``last_tick`` never moves back),
+and two schedulers sharing a database backfilling one range at once, beside
+live ticks: each tick once in the history, with its own tick recorded."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+
+import anyio
+
+from fastapi_jobs import BackfillResult, Every, JobContext, Scheduler
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
+
+from .conftest import claim1, release1
+from .test_store import opened
+
+
+async def test_the_claim_of_a_past_tick(database_url: str) -> None:
+    async with opened(database_url) as (store, _):
+        backfills = store.backfills
+        assert await backfills.claim("digest", 100.0) == 1  # no row yet: made, fence 1
+        assert await backfills.claim("digest", 90.0) == "held"  # the lease of 100
+        await release1(store, "digest", 1, "ok", None, 0.1)
+        assert await backfills.claim("digest", 100.0) == "ran"  # its last tick claimed
+        assert await backfills.claim("digest", 90.0) == 2  # an older tick
+        assert await store.last_tick("digest") == 100.0  # never moved back
+        refused = await store.release([store_ended("digest", 2, 90.0)])
+        assert refused == {}
+        assert await backfills.claim("digest", 90.0) == "ran"  # in the history now
+        runs = await store.runs("digest", 10)
+        assert sorted(r.tick.timestamp() for r in runs if r.tick is not None) == [90.0, 100.0]
+        # A live claim of a newer tick goes on as before; an older one stays refused.
+        assert await claim1(store, "digest", 110.0) == 3
+        await release1(store, "digest", 3, "ok", None, 0.1)
+        assert await claim1(store, "digest", 95.0) is None
+        assert await backfills.claim("digest", 95.0) == 4
+
+
+def store_ended(job: str, fence: int, tick: float) -> Ended:
+    """A backfilled run's release: it says its tick (older than the claim's last)."""
+    return Ended(job, fence, "ok", None, 0.1, 1, True, tick)
+
+
+def scheduler_on(url: str, ran: Counter[float]) -> Scheduler:
+    scheduler = Scheduler(store=SQLAlchemyStore(url, lease=10, timeout=2, heartbeat=1))
+
+    @scheduler.every(seconds=1)
+    async def tick(ctx: JobContext) -> None:
+        ran[ctx.tick.timestamp()] += 1
+        await anyio.sleep(0.01)
+
+    return scheduler
+
+
+async def test_two_backfills_of_one_range_beside_live_ticks_run_each_tick_once(
+    database_url: str,
+) -> None:
+    ran: Counter[float] = Counter()
+    a, b = scheduler_on(database_url, ran), scheduler_on(database_url, ran)
+    now = time.time()
+    since = datetime.fromtimestamp(int(now) - 12, UTC)
+    results: list[BackfillResult] = []
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(a.running())  # live ticks too
+        await stack.enter_async_context(b.running(ticking=False))
+        await anyio.sleep(1.5)
+        until = datetime.fromtimestamp(time.time() - 0.2, UTC)
+
+        async def backfill(scheduler: Scheduler) -> None:
+            results.append(await scheduler.backfill("tick", since, until))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(backfill, a)
+            tg.start_soon(backfill, b)
+        history = await a.runs("tick", limit=100)
+    expected = ticks(since.timestamp(), until.timestamp())
+    assert {t: n for t, n in ran.items() if since.timestamp() <= t <= until.timestamp()} == {
+        t: 1 for t in expected
+    }
+    recorded = Counter(r.tick.timestamp() for r in history if r.tick is not None)
+    assert {t: recorded[t] for t in expected} == {t: 1 for t in expected}
+    assert all(result.ok for result in results), results
+    assert sum(r.ran for r in results) + sum(r.skipped_ran_already for r in results) == 2 * len(
+        expected
+    )
+    backfilled = {r.tick.timestamp() for r in history if r.manual and r.tick is not None}
+    assert backfilled and backfilled <= set(expected)
+
+
+def ticks(since: float, until: float) -> list[float]:
+    schedule = Every(seconds=1)
+    found, tick = [], schedule.next_after(since - 1e-6)
+    while tick <= until:
+        found.append(tick)
+        tick = schedule.next_after(tick)
+    return found
