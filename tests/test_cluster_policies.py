@@ -8,12 +8,18 @@ long run is cancelled and recorded so, and the next tick runs with a higher
 fence. Both with jitter, so the claims of both instances meet on the jittered
 ticks. The truth is the store's history (``GET /jobs/long/runs``) and the app's
 own table; real time, with half-second ticks (processes share no virtual clock).
+And in headless Chromium, the status page of one instance says the policy and
+the jitter.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,6 +37,22 @@ JITTER = 0.4
 LEASE = 1.5
 # From its tick: past four ticks, half an interval from the next (see the app).
 LONG = 2.25
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium, as tests/test_page_browser.py starts it."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is missing: .ci/run installs Debian's chromium package")
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox cannot start.
+        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
 
 
 @pytest.fixture
@@ -159,3 +181,21 @@ def test_replace_cancels_a_long_run_and_the_next_tick_runs_with_a_higher_fence(
     old_end, new_start = record[replaced["fence"]][2], record[nxt["fence"]][1]
     where = "on A" if nxt["instance"] == a_id else "on B"
     print(f"replaced {where}; side by side {(old_end or 0) - new_start:+.3f}s")
+
+
+def test_the_page_says_the_policy_and_the_jitter(
+    browser: Any, tmp_path: Path, apps: list[App]
+) -> None:
+    """One instance on a SQLite file: the job's row on /jobs/ui says its overlap
+    policy and its jitter, as its status does."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'page.sqlite3'}"
+    app = App(url, app=APP, OVERLAP="queue_one", INTERVAL=60, JITTER=JITTER)
+    apps.append(app)
+    app.wait_started()
+    page = browser.new_context().new_page()
+    page.goto(app.base_url + "/jobs/ui")
+    row = page.locator('tr.job[data-job="long"]')
+    assert "a tick during a run waits for it (one)" in row.locator(".policy").inner_text()
+    schedule = get(app, "/jobs/long")["schedule"]
+    assert "jitter 0:00:00.400000" in schedule
+    assert schedule in row.locator('td[data-label="Schedule"]').inner_text()
