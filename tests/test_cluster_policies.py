@@ -141,8 +141,8 @@ def test_queue_one_runs_one_tick_kept_during_a_long_run_once_after_its_release(
     assert kept["instance"] == a_id
     assert kept["started_at"] >= long["finished_at"]
     assert kept["fence"] > long["fence"]
-    # The first tick that came is the one kept.
-    assert kept["tick"] == pytest.approx(long["tick"] + INTERVAL, abs=1e-6)
+    # Which of them was kept (the first that came) is pinned under looptime in
+    # tests/test_policies.py; here a stalled loop may have missed it.
     assert status_a["skipped"].get("overlap", 0) >= 1, status_a
     assert status_b["skipped"].get("claimed_elsewhere", 0) >= 1, status_b
     for status in (status_a, status_b):
