@@ -15,6 +15,8 @@ from .conftest import HOUR, serve, virtual_scheduler
 pytestmark = pytest.mark.looptime
 
 FIELDS = {
+    "overlap",
+    "jitter",
     "name",
     "instance",
     "schedule",
@@ -77,6 +79,7 @@ async def test_list_jobs_returns_every_field_of_every_job() -> None:
     assert failed["skipped_ticks"] == 0 and failed["skipped"] == {}
     assert failed["hand_off"] is None  # it runs its work itself
     assert failed["task"] is None  # declared in code
+    assert (failed["overlap"], failed["jitter"]) == ("skip", None)  # the defaults
     assert failed["schedule"].startswith("cron '30 * * * *' UTC")
 
 
