@@ -227,3 +227,19 @@ async def test_the_endpoint_starts_a_backfill_202_409_422_401() -> None:
             refused = await client.post("/jobs/report/backfill", json=sent, headers=ADMIN)
             assert refused.status_code == 422, (what, refused.text)
     assert [tick for tick, _ in seen] == [hours(h).timestamp() for h in (1, 2, 3, 4)]
+
+
+async def test_a_backfill_started_over_http_stops_with_the_app() -> None:
+    """The app stops during the second run: it ends, no later tick starts, and
+    the stop is not held up by the rest of the range."""
+    seen: list[tuple[float, bool]] = []
+    scheduler = hourly(seen, took=10.0)
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.control_router(public=True))
+    body = {"since": "2026-03-02T01:00:00Z", "until": "2026-03-02T05:00:00Z"}
+    async with serve(app) as client:
+        answer = await client.post("/jobs/report/backfill", json=body)
+        assert answer.status_code == 202, answer.text
+        await anyio.sleep(15.0)
+    assert [tick for tick, _ in seen] == [hours(1).timestamp(), hours(2).timestamp()]
+    assert scheduler.job_status("report").last_outcome == "ok"  # the second ran to its end

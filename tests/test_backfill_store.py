@@ -9,10 +9,12 @@ import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
+import pytest
 
-from fastapi_jobs import BackfillResult, Every, JobContext, Scheduler
+from fastapi_jobs import BackfillResult, ConfigurationError, Every, JobContext, Scheduler
 from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .conftest import claim1, release1
@@ -98,3 +100,33 @@ def ticks(since: float, until: float) -> list[float]:
         found.append(tick)
         tick = schedule.next_after(tick)
     return found
+
+
+class WithoutBackfills(SQLAlchemyStore):
+    """A store of the app's own making that cannot claim past ticks."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        del self.backfills
+
+
+async def test_a_store_that_cannot_claim_past_ticks_is_refused_but_not_for_every_instance(
+    tmp_path: Path,
+) -> None:
+    scheduler = Scheduler(store=WithoutBackfills(f"sqlite+aiosqlite:///{tmp_path / 'j.db'}"))
+    ran: list[float] = []
+
+    @scheduler.every(seconds=1)
+    async def claimed() -> None: ...
+
+    @scheduler.every(seconds=1, every_instance=True)
+    async def everywhere(ctx: JobContext) -> None:
+        ran.append(ctx.tick.timestamp())
+
+    since = datetime.fromtimestamp(int(time.time()) - 3, UTC)
+    until = datetime.fromtimestamp(since.timestamp() + 2, UTC)
+    async with scheduler.running(ticking=False):
+        with pytest.raises(ConfigurationError, match="this store cannot claim past ticks"):
+            await scheduler.backfill("claimed", since, until)
+        result = await scheduler.backfill("everywhere", since, until)  # no claims
+    assert result.ran == 3 and ran == [since.timestamp() + k for k in range(3)]
