@@ -77,7 +77,10 @@ def _instant(what: str, value: object) -> float:
 def ticks_in(schedule: Schedule, since: float, until: float, limit: int) -> list[float]:
     """The schedule's ticks ``t``, ``since <= t <= until``, oldest first; at most
     ``limit + 1`` of them (one more than allowed says there are too many)."""
-    tick = schedule.last_at_or_before(since)
+    try:
+        tick = schedule.last_at_or_before(since)
+    except NotImplementedError as exc:  # a Schedule of the user's that cannot look back
+        raise ConfigurationError(f"cannot backfill on this schedule: {exc}") from None
     if tick < since:
         tick = schedule.next_after(since)
     found: list[float] = []
