@@ -130,3 +130,24 @@ async def test_a_store_that_cannot_claim_past_ticks_is_refused_but_not_for_every
             await scheduler.backfill("claimed", since, until)
         result = await scheduler.backfill("everywhere", since, until)  # no claims
     assert result.ran == 3 and ran == [since.timestamp() + k for k in range(3)]
+
+
+async def test_a_lease_held_elsewhere_for_a_whole_lease_skips_the_tick(tmp_path: Path) -> None:
+    """Another instance's run holds the job's lease (claimed, never released):
+    the backfill waits a lease (its own store's) for it, then skips the tick as
+    held, and goes on with the next."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'j.db'}"
+    scheduler = Scheduler(store=SQLAlchemyStore(url, lease=1.5, timeout=0.4, heartbeat=1))
+
+    @scheduler.every(seconds=1)
+    async def tick() -> None: ...
+
+    now = int(time.time())
+    since, until = datetime.fromtimestamp(now - 4, UTC), datetime.fromtimestamp(now - 3, UTC)
+    async with opened(url) as (elsewhere, _), scheduler.running(ticking=False):
+        # A run going elsewhere, under that store's lease (30 s): held throughout.
+        assert await claim1(elsewhere, "tick", float(now - 2)) == 1
+        result = await scheduler.backfill("tick", since, until)
+    assert [t.outcome for t in result.outcomes] == ["held", "held"]
+    assert (result.skipped_held, result.ran, result.ok) == (2, 0, False)
+    assert result.outcomes[0].describe() == "held: its lease stayed held elsewhere"
