@@ -58,7 +58,8 @@ def test_an_unknown_option_is_refused_as_python_refuses_an_unknown_keyword(
     with pytest.raises(
         TypeError,
         match=r"Scheduler\.\w+\(\) got an unexpected keyword argument 'retrys' "
-        r"\(did you mean 'retries'\? the options are catch_up, enqueue, every_instance, jitter, name, overlap, ",
+        r"\(did you mean 'retries'\? the options are catch_up, enqueue, every_instance, jitter, "
+        r"name, overlap, ",
     ):
         declare(scheduler)  # type: ignore[operator]
     assert scheduler.jobs == {}
