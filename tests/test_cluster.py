@@ -226,8 +226,9 @@ def test_sigstop_past_the_lease_cancels_the_run_and_its_stale_writes_are_rejecte
 
 def test_a_run_longer_than_its_lease_is_not_run_twice(pg_url: str, apps: list[App]) -> None:
     """Runs of 2.5 s under a 1.2 s lease in 3 processes: renewals keep them; runs of one
-    job never overlap and no tick repeats. (A 0.6 s lease lost a renewal once when
-    the app processes stalled for 0.4 s on a loaded 2-core machine.)"""
+    job never overlap and no tick repeats. (With a 0.6 s lease it failed once on a
+    loaded 2-core machine, its output lost; a renewal late by a 0.4 s stall is the
+    likely cause: the margins are wider now.)"""
     apps += start(pg_url, 3, JOBS=2, INTERVAL=0.25, RUN_SECONDS=2.5, LEASE=1.2, TIMEOUT=0.3)
     time.sleep(5)
     for app in apps:
