@@ -38,6 +38,10 @@ __all__ = ["MAX_TICKS", "Backfills", "Progress", "backfills"]
 
 MAX_TICKS = 1000
 """The most ticks a backfill runs unless asked for more (``max_ticks``, ``--max``)."""
+MOST_TICKS = 100_000
+"""The most ``max_ticks`` may be: the range's ticks are listed (and counted in
+the event loop) before the first runs, and a request for a billion must not
+take the app's memory."""
 
 Progress = Callable[[int, int, BackfillTick], object]
 """Told after each tick: its number (from 1), the range's count, how it went."""
@@ -110,10 +114,14 @@ class Backfills:
         (`JobNotFoundError`, `ConfigurationError`, `NotRunningError`,
         `JobRunningError` for a backfill of the job going already)."""
         runner = self._parts.runner(name)
-        if not isinstance(max_ticks, int) or isinstance(max_ticks, bool) or max_ticks < 1:
+        if (
+            not isinstance(max_ticks, int)
+            or isinstance(max_ticks, bool)
+            or not 1 <= max_ticks <= MOST_TICKS
+        ):
             raise ConfigurationError(
                 f"backfill(max_ticks={short(max_ticks)}): the most ticks to run, a whole "
-                f"number from 1 (default {MAX_TICKS})"
+                f"number from 1 to {MOST_TICKS:,} (default {MAX_TICKS})"
             )
         start, end = _instant("since", since), _instant("until", until)
         if start > end:

@@ -103,6 +103,8 @@ async def test_a_range_between_ticks_and_a_range_of_one_instant() -> None:
         ),
         (hours(0), hours(1), {"max_ticks": 0}, "max_ticks=0): the most ticks to run"),
         (hours(0), hours(1), {"max_ticks": True}, "max_ticks=True)"),
+        # A billion would list a billion ticks before the first run: bounded.
+        (hours(0), hours(1), {"max_ticks": 10**9}, "a whole number from 1 to 100,000"),
         ("2026-03-02", hours(1), {}, "since='2026-03-02'): pass an aware datetime"),
     ],
 )
