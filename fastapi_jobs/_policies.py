@@ -80,8 +80,8 @@ def jittered(name: str, schedule: Schedule, jitter: object) -> Schedule:
     gap_us = _shortest_gap_us(schedule)
     if gap_us is not None and jitter_us >= gap_us:
         raise ConfigurationError(
-            f"{said}jitter={timedelta(microseconds=jitter_us)} must be shorter than the "
-            f"schedule's interval ({timedelta(microseconds=gap_us)}"
+            f"{said}jitter={_shown(jitter_us)} must be shorter than the "
+            f"schedule's interval ({_shown(gap_us)}"
             f"{'' if isinstance(schedule, Every) else ', its shortest gap between two ticks'})"
         )
     return Jittered(schedule, name_offset(name, jitter_us), jitter_us)
@@ -90,6 +90,13 @@ def jittered(name: str, schedule: Schedule, jitter: object) -> Schedule:
 def jitter_of(schedule: Schedule) -> float | None:
     """The jitter bound of ``schedule``, in seconds (None: not a `Jittered` one)."""
     return schedule.jitter_us / _US if isinstance(schedule, Jittered) else None
+
+
+def _shown(us: int) -> str:
+    try:
+        return str(timedelta(microseconds=us))
+    except OverflowError:  # past timedelta's 999,999,999 days
+        return f"{us / _US:g}s"
 
 
 def _shortest_gap_us(schedule: Schedule) -> int | None:

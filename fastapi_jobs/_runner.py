@@ -118,6 +118,7 @@ class JobRunner(TickRuns):
                 raise  # a cancellation from outside is never swallowed
             # Our own stop() or cut(): the task ends quietly.
         finally:
+            self.drop_kept()  # behind a run that the stop cut
             self._handle = self._gate = None
             self._serving = False
             if not self.retired:  # else its stats are its successor's
@@ -139,6 +140,13 @@ class JobRunner(TickRuns):
                     ran = await self._run_claimed(fence, state, manual)
         finally:
             self._scope = None
+        if self.replaced_by is not None and ran is not None and ran.outcome != "cancelled":
+            # It caught the cancellation (or shielded itself) and ended by itself.
+            self.logger.warning(
+                "job %r: its run did not stop when a newer tick replaced it; that tick runs now",
+                self.job.name,
+                extra={"job": self.job.name},
+            )
         if ran is None and self.replaced_by is not None and fence is None:
             # Recorded by the guarded run; remembered in this process's history too.
             stats = self.stats

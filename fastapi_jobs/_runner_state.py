@@ -246,6 +246,12 @@ class RunnerState:
             self._scope.cancel()
         return True
 
+    def drop_kept(self) -> None:
+        """The tick kept for after the run will not run (the app stops): counted."""
+        if self.queued is not None:
+            self.skipped("overlap", self.queued)
+            self.queued = self.replaced_by = None
+
     def wake(self) -> None:
         """Run the job for `due` (with `fence` if claimed). Once
         stopping, only a tick claimed before the stop runs (it is this instance's

@@ -117,6 +117,42 @@ async def test_replace_runs_the_newest_tick_when_the_run_ignores_its_cancel() ->
     assert status.skipped == {"overlap": 1}  # 02:00, replaced by 03:00 before it ran
 
 
+async def test_a_kept_tick_is_counted_when_the_stop_cuts_the_run_before_it() -> None:
+    scheduler = virtual_scheduler(shutdown_timeout=2)
+
+    @scheduler.every(hours=1, overlap="queue_one")
+    async def endless() -> None:
+        await anyio.sleep(10 * HOUR)
+
+    async with scheduler.running():
+        await anyio.sleep(2 * HOUR + 1)  # 02:00 kept behind the 01:00 run
+    assert scheduler.status()[0].skipped == {"overlap": 1}
+
+
+async def test_a_replaced_run_that_ignores_the_cancel_is_said_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheduler = virtual_scheduler()
+    ticks: list[datetime] = []
+
+    @scheduler.every(hours=1, overlap="replace")
+    async def swallowing(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+        if len(ticks) == 1:
+            try:
+                await anyio.sleep(10 * HOUR)
+            except BaseException:  # noqa: BLE001 - what the test is about
+                return
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(2 * HOUR + 1)
+    assert ticks == [at(1), at(2)]
+    assert any(
+        "did not stop when a newer tick replaced it" in r.getMessage() for r in caplog.records
+    )
+
+
 async def test_a_kept_tick_is_dropped_and_counted_when_the_app_stops() -> None:
     scheduler = virtual_scheduler(shutdown_timeout=None)
     ticks: list[datetime] = []
@@ -191,6 +227,8 @@ def test_jitter_on_cron_keeps_the_zone_and_moves_each_tick() -> None:
         ({"overlap": None}, "overlap=None: pass one of"),
         ({"jitter": timedelta(hours=1)}, "must be shorter than the schedule's interval (1:00:00)"),
         ({"jitter": 7200}, "must be shorter than the schedule's interval"),
+        ({"jitter": 1e300}, "jitter=1e+300s must be shorter than the schedule's interval"),
+        ({"jitter": 10**30}, "must be shorter than the schedule's interval (1:00:00)"),
         ({"jitter": -1}, "jitter=-1"),
         ({"jitter": 0}, "jitter=0"),
         ({"jitter": "5m"}, "not a duration"),
