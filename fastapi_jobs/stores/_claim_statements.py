@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
-__all__ = ["claim", "reclaim", "replaced_runs"]
+__all__ = ["RUN_COLUMNS", "claim", "reclaim", "replaced_runs"]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -77,6 +77,20 @@ def _claimable(
     return conditions
 
 
+RUN_COLUMNS = [
+    "job",
+    "fence",
+    "tick",
+    "manual",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "duration",
+    "outcome",
+    "error",
+    "instance",
+]
+"""The columns a history row is written with, in the order its selects give them."""
 _REPLACED = "RunReplacedError: replaced by the newer tick claimed by "
 
 
@@ -122,22 +136,7 @@ def replaced_runs(
     )
     if dialect == "postgresql":
         held = held.with_for_update(of=c)
-    return sa.insert(runs).from_select(
-        [
-            "job",
-            "fence",
-            "tick",
-            "manual",
-            "attempts",
-            "started_at",
-            "finished_at",
-            "duration",
-            "outcome",
-            "error",
-            "instance",
-        ],
-        held,
-    )
+    return sa.insert(runs).from_select(RUN_COLUMNS, held)
 
 
 def _taken_over(claims: sa.Table, new: Any, now: Any, take_over: bool = False) -> Any:

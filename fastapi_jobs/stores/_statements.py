@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._store import Ended
 from ._batches import Compiled, rows_cte
-from ._claim_statements import claim, reclaim, replaced_runs
+from ._claim_statements import RUN_COLUMNS, claim, reclaim, replaced_runs
 from ._db_clock import db_now
 from ._tables import Tables
 
@@ -190,19 +190,7 @@ def _history(runs: sa.Table, source: Any, owner: Any, *where: Any) -> Any:
     """The history rows of released claims, from ``source`` (which has the
     claim's columns and the release's), those that match ``where``."""
     return sa.insert(runs).from_select(
-        [
-            "job",
-            "fence",
-            "tick",
-            "manual",
-            "attempts",
-            "started_at",
-            "finished_at",
-            "duration",
-            "outcome",
-            "error",
-            "instance",
-        ],
+        RUN_COLUMNS,
         sa.select(
             source.c.job,
             source.c.fence,
