@@ -74,6 +74,7 @@ def test_the_command_runs_each_tick_once_and_says_how(tmp_path: Path) -> None:
     assert [(tick, bool(manual)) for tick, manual in history] == [(t, True) for t in ticks]
 
 
+@pytest.mark.slow  # two processes of the app; the README's command keeps the first test
 def test_failures_exit_1_and_a_range_in_the_future_exits_2(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     since, until, _ = last_minutes(2)
@@ -102,6 +103,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         assert said in refused.stderr, (args, refused.stderr)
 
 
+@pytest.mark.slow  # a process of the app and a signal: 10-15 s
 def test_sigterm_stops_after_the_run_in_flight(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     since, until, ticks = last_minutes(3)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -182,6 +183,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # CLI processes beside instances: 17 s on a quiet machine
 def test_the_cli_runs_the_current_tick_once_beside_a_running_app(
     cluster_url: str, apps: list[App]
 ) -> None:
@@ -201,6 +203,7 @@ def test_the_cli_runs_the_current_tick_once_beside_a_running_app(
     assert len(rows(cluster_url, "SELECT * FROM runs")) == 2
 
 
+@pytest.mark.slow  # seven CLI processes: 17 s on a quiet machine
 def test_the_cli_says_what_went_wrong_with_its_exit_code(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'cli.sqlite3'}"
     target = "tests.apps.cluster_app:scheduler"

@@ -183,6 +183,7 @@ def test_replace_cancels_a_long_run_and_the_next_tick_runs_with_a_higher_fence(
     print(f"replaced {where}; side by side {(old_end or 0) - new_start:+.3f}s")
 
 
+@pytest.mark.slow  # Chromium beside a uvicorn instance; the ASGI page test is in test_page
 def test_the_page_says_the_policy_and_the_jitter(
     browser: Any, tmp_path: Path, apps: list[App]
 ) -> None:
