@@ -12,13 +12,18 @@ A claim goes to the database after this instance's release of the job's
 previous run, never beside it: a run that ended just before its job's next
 tick would otherwise have that tick refused by its own unreleased claim (the
 release waits out its gathering, or a lock, while the claim overtakes it).
+
+Releases still gathered when a claim goes (runs that ended just before the
+next tick) go in the claim's own call, first (``release_then_claim``, where
+the store has it): one connection and one deadline for both.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import anyio
 
@@ -26,6 +31,9 @@ from ._errors import StoreError, short
 from ._store import Ended, Store
 
 __all__ = ["Claims"]
+
+_T = TypeVar("_T")
+_Both = Callable[..., Awaitable[tuple[Mapping[str, Exception], Mapping[str, int | Exception]]]]
 
 # Runs that end "together" end a few microseconds apart (each is its own task):
 # the first release waits this long for the others to join its statement.
@@ -65,20 +73,18 @@ class Claims:
     ) -> Mapping[str, int | Exception] | Exception:
         """Claim ``(job, tick)`` pairs in one call: the fences by job (a job not
         there is held elsewhere, or paused), or why the store could not be used
-        (fail closed: those ticks are skipped, and logged here)."""
+        (fail closed: those ticks are skipped, and logged here). The releases
+        gathered go first, in the same call where the store can."""
         store = self.store
+        given = self._arguments(wanted, manual)
         try:
             with anyio.fail_after(store.timeout):
+                both = getattr(store, "release_then_claim", None)
+                if both is not None and (self._unreleased or self._ended):
+                    return await self._release_then_claim(both, wanted, given)
                 if self._unreleased or self._ended or self._sending:
                     await self._release_first({job for job, _ in wanted})
-                versions = self.versions
-                if self.replacing and not manual:
-                    return await self._claim_replacing(wanted)
-                if versions:
-                    return await store.claim(wanted, manual=manual, versions=versions)
-                if manual:
-                    return await store.claim(wanted, manual=True)
-                return await store.claim(wanted)
+                return await store.claim(wanted, **given)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
             # A StoreError is the store's own word on why it cannot be used (its
             # tables, say): the database answered. Anything else never got an answer.
@@ -92,15 +98,36 @@ class Claims:
             )
             return exc
 
-    async def _claim_replacing(
-        self, wanted: list[tuple[str, float]]
+    def _arguments(self, wanted: list[tuple[str, float]], manual: bool) -> dict[str, Any]:
+        """The claim's arguments, only those in use: a store of another library
+        may lack them."""
+        given: dict[str, Any] = {"manual": True} if manual else {}
+        if self.versions:
+            given["versions"] = self.versions
+        if self.replacing and not manual:
+            replace = [job for job, _ in wanted if job in self.replacing]
+            if replace:
+                given["replace"] = replace
+        return given
+
+    async def _release_then_claim(
+        self,
+        both: _Both,
+        wanted: list[tuple[str, float]],
+        given: dict[str, Any],
     ) -> Mapping[str, int | Exception]:
-        # Only the arguments in use: a store of another library may lack them.
-        given: dict[str, Any] = {"versions": self.versions} if self.versions else {}
-        replace = [job for job, _ in wanted if job in self.replacing]
-        if replace:
-            given["replace"] = replace
-        return await self.store.claim(wanted, **given)
+        """Send every release gathered (and those that failed before) with the
+        claim, in one call; the releases of ``wanted``'s jobs already on their
+        way are waited for first."""
+        jobs = {job for job, _ in wanted}
+        while not self._sending.isdisjoint(jobs):
+            await self._sent.wait()
+        rows = [*self._unreleased.values(), *self._ended]
+        self._ended = []
+        refused, fences = await self._sending_rows(rows, partial(both, rows, wanted, **given))
+        if refused:
+            self._refused(refused)
+        return fences
 
     async def _release_first(self, jobs: set[str]) -> None:
         """Before claiming ``jobs``: send the releases that failed before and the
@@ -152,23 +179,30 @@ class Claims:
             )
             return
         if refused:
-            # The database refuses these rows (a value it cannot store): sending
-            # them again would fail again. Their leases free the jobs.
-            self.logger.warning(
-                "the database refused the release of %s (%r); each frees when its lease ends",
-                _names(list(refused)),
-                next(iter(refused.values())),
-            )
+            self._refused(refused)
+
+    def _refused(self, refused: Mapping[str, Exception]) -> None:
+        # The database refuses these rows (a value it cannot store): sending
+        # them again would fail again. Their leases free the jobs.
+        self.logger.warning(
+            "the database refused the release of %s (%r); each frees when its lease ends",
+            _names(list(refused)),
+            next(iter(refused.values())),
+        )
 
     async def _send(self, rows: list[Ended]) -> Mapping[str, Exception]:
-        """Release ``rows`` (the unreleased ones among them); kept to be sent again
-        if the call fails, dropped once it went through or the database refused them."""
+        return await self._sending_rows(rows, partial(self.store.release, rows))
+
+    async def _sending_rows(self, rows: list[Ended], send: Callable[[], Awaitable[_T]]) -> _T:
+        """``send()``, which releases ``rows`` (the unreleased ones among them):
+        kept to be sent again if the call fails, dropped once it went through
+        or the database refused them."""
         jobs = [row.job for row in rows]
         for job in jobs:
             self._unreleased.pop(job, None)
         self._sending.update(jobs)
         try:
-            return await self.store.release(rows)
+            return await send()
         except BaseException:
             for row in rows:
                 self._unreleased.setdefault(row.job, row)

@@ -5,7 +5,9 @@ renewed every third of its length; once it is lost (another instance holds the
 job, or the store cannot be reached before the lease ends) the run is
 cancelled. Most runs end long before their first renewal is due, so a run
 costs an entry in a heap here, not a task of its own: one keeper task per
-scheduler sleeps until the earliest renewal due and sends it.
+scheduler sleeps until the earliest renewal due and sends it. An ended run's
+entry is dropped when it comes up, or when ended entries are half the heap
+(else jobs at a second leave ten ended leases each in it, a 30 s lease's third).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import anyio
 from ._store import Store
 
 __all__ = ["Lease", "LeaseKeeper"]
+
+_COMPACT = 64  # ended entries below this are left to come up
 
 
 class Lease:
@@ -59,6 +63,7 @@ class LeaseKeeper:
         self._order = itertools.count()
         self._changed: anyio.Event | None = None
         self._wake_at = math.inf
+        self._ended = 0  # entries of ended leases still in the heap
 
     def hold(
         self,
@@ -76,7 +81,15 @@ class LeaseKeeper:
 
     def end(self, lease: Lease) -> None:
         """The run is over: no more renewals (its entry is dropped lazily)."""
+        if lease.ended:
+            return
         lease.ended = True
+        self._ended += 1
+        due = self._due
+        if self._ended > _COMPACT and 2 * self._ended > len(due):
+            due[:] = [entry for entry in due if not entry[2].ended]  # in place: run() holds it
+            heapq.heapify(due)
+            self._ended = 0
 
     async def run(self) -> None:
         """The keeper's task: runs until cancelled, after the last run ended."""
@@ -86,6 +99,7 @@ class LeaseKeeper:
                 while True:
                     while due and due[0][2].ended:
                         heapq.heappop(due)
+                        self._ended -= 1
                     now = anyio.current_time()
                     if due and due[0][0] <= now:
                         tg.start_soon(self._renew, heapq.heappop(due)[2])

@@ -262,6 +262,7 @@ def test_database_restarts_during_claims_renewals_and_releases(
     assert [r for r in all_runs if r[5] > restarted_at + 0.3], "runs did not resume"
 
 
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_skewed_clocks_do_not_change_outcomes(cluster_url: str, apps: list[App]) -> None:
     """A process 3 s ahead joins one on time, then one 2 s behind joins: still one run
     per tick, and no tick left out (the one ahead does not claim ticks early)."""

@@ -42,6 +42,7 @@ def post(app: App, path: str, **params: str) -> httpx.Response:
     return httpx.post(app.base_url + path, params=params, timeout=10)
 
 
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_a_pause_on_one_instance_holds_on_every_instance_and_across_restarts(
     cluster_url: str, apps: list[App]
 ) -> None:

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import pytest
 
 from .support.cluster import App, rows, start
 from .support.waiting import wait_until
@@ -85,6 +86,7 @@ def tried_every_tick(app: App, job: str) -> bool:
     return found is not None and found["runs"] + found["skipped"].get("claimed_elsewhere", 0) > 0
 
 
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_a_schedule_made_changed_and_removed_on_three_instances_runs_each_tick_once(
     cluster_url: str, apps: list[App]
 ) -> None:
@@ -150,6 +152,7 @@ def test_a_schedule_made_changed_and_removed_on_three_instances_runs_each_tick_o
     assert contiguous([t for t in keep if t > started], 0.5)
 
 
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_an_instance_without_the_task_leaves_the_schedules_alone(
     cluster_url: str, apps: list[App]
 ) -> None:

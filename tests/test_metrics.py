@@ -318,6 +318,7 @@ def scrape_http(base: str) -> Samples:
     return parse(answer.text)
 
 
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_every_worker_reports_the_same_cluster_figures(tmp_path: Path, apps: list[App]) -> None:
     """uvicorn --workers 3 on a SQLite file: whichever worker answers a scrape,
     the cluster's figures are there (one alert rule works on any of them)."""

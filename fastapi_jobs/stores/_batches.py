@@ -90,6 +90,13 @@ class Compiled:
         self._build = build  # kind -> the statement
         self._compiled: dict[str, tuple[str, tuple[str, ...] | None]] = {}
 
+    def prepare(self, dialect: sa.Dialect, kinds: Sequence[str]) -> None:
+        """Compile ``kinds`` now (at startup): a compilation takes milliseconds
+        of the event loop, which the first tick's claim should not wait for."""
+        for kind in kinds:
+            if kind not in self._compiled:
+                self._compiled[kind] = self._compile(kind, dialect)
+
     async def execute(
         self, conn: AsyncConnection, kind: str, params: dict[str, object]
     ) -> CursorResult[Any]:

@@ -7,6 +7,7 @@ operations; the parts they are made of live beside it:
 - ``_operations``: each operation in an asyncio task of its own, with its deadline;
 - ``_setup``: the tables made at startup (retried; the ALTER for old tables);
 - ``_tables``: the tables, their names and DDL; ``_db_clock``: the database's time;
+- ``_store_claims``: the claims' and releases' operations (a base class);
 - ``_statements``: the writes' SQL; ``_batches``: many rows in one statement;
 - ``_reads``: the reads; ``_models``: their rows as the API's models.
 """
@@ -14,11 +15,12 @@ operations; the parts they are made of live beside it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -26,31 +28,24 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._context import JobContext
 from .._errors import LeaseLostError, StoreError
 from .._status import ClusterView, RunRecord
-from .._store import Ended, Instance
+from .._store import Instance
 from . import _reads, _tables
 from ._backfills import StoreBackfills
-from ._batches import chunks, claim_all, claim_taking_over, each_row_alone_on_error, encode
 from ._engines import EngineSource, check_source, choose
-from ._operations import NOT_OPEN, Operations, transaction
+from ._operations import Operations
 from ._options import check_options
 from ._outbox import StoreOutbox
 from ._schedules import StoreSchedules
 from ._setup import ensure_tables
-from ._statements import Statements, ended_rows
+from ._statements import Statements
+from ._store_claims import StoreClaims
 
 __all__ = ["SQLAlchemyStore"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
-_T = TypeVar("_T")
-_Reclaimed = dict[str, int | tuple[float, float] | Exception]
-_Versions = Mapping[str, int] | None
-
-# How far ahead of the database's clock a tick may be claimed. Healthy hosts claim at
-# or after the tick; this absorbs timers that fire a hair early and the offset's error.
-_FUTURE_MARGIN = 1.0
 
 
-class SQLAlchemyStore:
+class SQLAlchemyStore(StoreClaims):
     """Claims and run history in the app's own PostgreSQL or SQLite database.
 
     ``engine`` is an ``AsyncEngine``, a URL, or a callable that picks the
@@ -132,6 +127,7 @@ class SQLAlchemyStore:
         absent = await ensure_tables(conn, self.tables, create=self._create_tables)
         present = self.schedules.present = self.tables.schedules.name not in absent
         self._statements.schedules = present
+        self._statements.batches.prepare(conn.dialect, self._statements.hot)
 
     async def close(self) -> None:
         ops = self._operations
@@ -148,145 +144,11 @@ class SQLAlchemyStore:
         except Exception as exc:  # noqa: BLE001 - peers see the row go stale instead
             logger.warning("could not remove this instance's row: %r", exc)
         finally:
+            with contextlib.suppress(Exception):  # else closed with its pool, or by the GC
+                await ops.let_go()
             if self._owned is not None:
                 await self._owned.dispose()
                 self._owned = None
-
-    # -- claims -----------------------------------------------------------
-
-    async def claim(
-        self,
-        wanted: Sequence[tuple[str, float]],
-        *,
-        manual: bool = False,
-        versions: _Versions = None,
-        replace: Collection[str] = (),
-    ) -> dict[str, int | Exception]:
-        """Claim each ``(job, tick)`` in as few statements as can be (one per
-        thousand rows); see `fastapi_jobs.stores.Store.claim`."""
-        rows: Sequence[tuple[Any, ...]] = wanted
-        if not wanted:
-            return {}
-        if versions:  # a stored schedule's row has a third value: its version
-            rows = [(j, t) if j not in versions else (j, t, versions[j]) for j, t in wanted]
-        if replace and not manual:
-            taking = (self._statements.batches, rows, set(replace), self._claim_params())
-            claim_all = partial(claim_taking_over, *taking, history=bool(self.history))
-            return await self._claiming(claim_all)
-        kind = "claim_manual" if manual else "claim"
-        return await self._claiming(partial(self._claim_all, kind, chunks(rows)))
-
-    async def reclaim(self, wanted: Sequence[tuple[str, float]]) -> _Reclaimed:
-        """Claim again each ``(job, tick)`` that is claimed, never released and
-        past its lease; see `fastapi_jobs.stores.Store.reclaim`."""
-        if not wanted:
-            return {}
-
-        async def reclaim_all(
-            fences: dict[str, int | Exception], asked: dict[str, float], conn: AsyncConnection
-        ) -> _Reclaimed:
-            await self._claim_all("reclaim", chunks(wanted), fences, asked, conn)
-            others = [job for job, _ in wanted if job not in fences]
-            # Why not: still held (by a live claimer, or for another tick), or free.
-            held = await _reads.unreleased(conn, self.tables, others) if others else {}
-            return {**held, **fences}
-
-        return await self._claiming(reclaim_all, free=False)
-
-    async def _claiming(self, claim_all: Callable[..., Awaitable[_T]], free: bool = True) -> _T:
-        """Run ``claim_all(fences, asked, conn)`` as one operation, and free what
-        it claimed if its caller gives up, if ``free``: not a re-claim's, whose row
-        freed would look released (its abandoned tick never claimed again)."""
-        # Filled as the operation goes, so that a caller who gives up can tell the
-        # claims made from those whose answer never came.
-        fences: dict[str, int | Exception] = {}
-        asked: dict[str, float] = {}  # sent, not yet answered
-        ops = self._operations
-        sent = ops.spawn(ops.in_connection(partial(claim_all, fences, asked)))
-        try:
-            return await asyncio.shield(sent)
-        except BaseException:
-            # The caller gave up (its deadline, shutdown), or the operation failed
-            # or hit its own deadline. Claims made all the same are run by nobody:
-            # free them, or the jobs wait out a lease.
-            if free:
-                sent.add_done_callback(lambda _: self._abandoned(fences, asked))
-            raise
-
-    def _abandoned(self, fences: dict[str, int | Exception], asked: dict[str, float]) -> None:
-        """Free what an abandoned claim operation may have claimed: the claims it
-        reported, and those whose statement went out but whose answer was lost
-        (cut by the deadline after the database had made it: a stall of this
-        process, a slow link)."""
-        made = [(job, fence) for job, fence in fences.items() if isinstance(fence, int)]
-        unanswered = {job: tick for job, tick in asked.items() if job not in fences}
-        if made or unanswered:
-            self._operations.spawn(self._free_claims(made, unanswered))
-
-    async def _free_claims(self, made: list[tuple[str, int]], unanswered: dict[str, float]) -> None:
-        try:
-            if unanswered:
-                # Which of them were made: a claim of this tick by this instance
-                # is one this instance gave up on (a tick is claimed once).
-                held = partial(_reads.held_claims, tables=self.tables, owner=self._owner)
-                rows = await self._operations.run(held)
-                made += [(job, fence) for job, fence, tick in rows if unanswered.get(job) == tick]
-            # Never ran: freed, with no run recorded (the job's last run stays).
-            await self.release([Ended(job, fence, None, None, 0.0, 0) for job, fence in made])
-        except Exception as exc:  # noqa: BLE001 - the claims free when their leases end
-            logger.debug("could not free the claims of an abandoned claim: %r", exc)
-
-    async def _claim_all(
-        self,
-        kind: str,
-        chunks: list[list[tuple[str, Any]]],
-        fences: dict[str, int | Exception],
-        asked: dict[str, float],
-        conn: AsyncConnection,
-    ) -> dict[str, int | Exception]:
-        params = self._claim_params()
-        return await claim_all(self._statements.batches, kind, chunks, params, fences, asked, conn)
-
-    def _claim_params(self) -> dict[str, object]:
-        owner, lease, timeout = self._owner, self.lease, self.timeout
-        return {"b_owner": owner, "b_lease": lease, "b_timeout": timeout, "b_early": _FUTURE_MARGIN}
-
-    async def renew(self, job: str, fence: int) -> bool:
-        params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
-        renew = self._statements.renew
-        result = await self._operations.run(lambda conn: conn.execute(renew, params))
-        return result.rowcount == 1
-
-    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
-        """Release these claims in as few statements as can be; see
-        `fastapi_jobs.stores.Store.release`."""
-        if not ended:
-            return {}
-        rows = ended_rows(ended)
-        failed = await self._operations.run(partial(self._release_all, chunks(rows)))
-        return {job: error for job, error in failed.items() if isinstance(error, Exception)}
-
-    async def _release_all(
-        self, chunks: list[list[tuple[str, Any]]], conn: AsyncConnection
-    ) -> dict[str, int | Exception]:
-        failed: dict[str, int | Exception] = {}
-        sql = self._statements
-
-        async def release_rows(rows: list[tuple[str, Any]]) -> None:
-            params: dict[str, object] = {"b_rows": encode([(job, *ended) for job, ended in rows])}
-            if sql.release_in_two:
-                # Two statements, one transaction: a history row written by a
-                # release whose update then failed would be written again when
-                # the release is sent again.
-                async with transaction(conn):
-                    await sql.batches.execute(conn, "released_runs", params)
-                    await sql.batches.execute(conn, "release", params)
-            else:
-                await sql.batches.execute(conn, "release", params)
-
-        for chunk in chunks:
-            await each_row_alone_on_error(release_rows, chunk, failed)
-        return failed
 
     async def last_tick(self, job: str) -> float | None:
         return await self._operations.run(partial(_reads.last_tick, tables=self.tables, job=job))
@@ -384,17 +246,3 @@ class SQLAlchemyStore:
     def ddl(cls, dialect: str = "postgresql", table_prefix: str = "fastapi_jobs_") -> str:
         """The CREATE TABLE statements, for migrations or ``create_tables=False``."""
         return _tables.ddl(dialect, table_prefix)
-
-    # -- internals --------------------------------------------------------
-
-    @property
-    def _owner(self) -> str:
-        if self._instance is None:
-            raise StoreError(NOT_OPEN)
-        return self._instance.id
-
-    @property
-    def _statements(self) -> Statements:
-        if self._sql is None:
-            raise StoreError(NOT_OPEN)
-        return self._sql

@@ -53,6 +53,10 @@ class Statements:
         # SQLite writes a release's history in a statement of its own, first.
         self.release_in_two = history and dialect == "sqlite"
         self.batches = Compiled(self._batch)
+        self.hot = (
+            ("claim", "release", "released_runs") if self.release_in_two else ("claim", "release")
+        )
+        """The batch statements of every instant, compiled when the tables are checked."""
         self.schedules = True
         """The schedules table exists: claims check the versions of stored
         schedules against it (set when the tables are checked, before the

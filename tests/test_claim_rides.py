@@ -1,0 +1,142 @@
+"""The store calls of each instant: the releases a claim finds gathered go in its
+own call, a release goes at once (it does not wait for a claim), and the claims
+and releases keep one connection between them. Real time and a real database,
+short intervals (the database's clock decides leases)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
+
+from .conftest import claim1, open_store
+from .support.instances import engine_for
+from .support.waiting import poll
+
+
+class CountingStore(SQLAlchemyStore):
+    """The SQLAlchemy store, counting the calls the scheduler makes of it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: Counter[str] = Counter()
+
+    async def claim(self, wanted: Sequence[tuple[str, float]], **given: Any) -> dict[str, Any]:
+        self.calls["claim"] += 1
+        return await super().claim(wanted, **given)
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        self.calls["release"] += 1
+        return await super().release(ended)
+
+    async def release_then_claim(
+        self,
+        ended: Sequence[Ended],
+        wanted: Sequence[tuple[str, float]],
+        *,
+        manual: bool = False,
+        versions: Mapping[str, int] | None = None,
+        replace: Collection[str] = (),
+    ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
+        self.calls["release_then_claim"] += 1
+        return await super().release_then_claim(
+            ended, wanted, manual=manual, versions=versions, replace=replace
+        )
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[tuple[SQLAlchemyStore, AsyncEngine]]:
+    async with engine_for(url) as engine, open_store(engine) as store:
+        yield store, engine
+
+
+async def released(url: str) -> list[tuple[Any, ...]]:
+    async with engine_for(url) as engine, engine.connect() as conn:
+        query = "SELECT job, outcome, lease_until, fence FROM fastapi_jobs_claims ORDER BY job"
+        return [tuple(row) for row in (await conn.execute(sa.text(query))).all()]
+
+
+async def history(url: str) -> Counter[str]:
+    async with engine_for(url) as engine, engine.connect() as conn:
+        query = "SELECT job FROM fastapi_jobs_runs"
+        return Counter(row[0] for row in (await conn.execute(sa.text(query))).all())
+
+
+async def test_release_then_claim_frees_the_runs_before_and_claims_in_one_call(
+    database_url: str,
+) -> None:
+    """The releases a claim finds gathered go in its call, first: a job's next
+    tick is claimed over its own previous claim (released just before), the run
+    before is in the history once, and a peer's claim is still refused."""
+    async with opened(database_url) as (store, engine), open_store(engine) as peer:
+        assert await claim1(store, "a", 100.0) == 1
+        assert await claim1(store, "b", 100.0) == 1
+        assert await claim1(peer, "c", 100.0) == 1
+        ended = [Ended("a", 1, "ok", None, 0.1), Ended("b", 1, "failed", "boom", 0.2, 1)]
+        refused, fences = await store.release_then_claim(ended, [("a", 101.0), ("c", 101.0)])
+        assert refused == {}
+        assert fences == {"a": 2}  # c is held by the peer's run
+        assert [r.outcome for r in await store.runs("b", 5)] == ["failed"]  # b: released
+        assert await claim1(peer, "b", 101.0) == 2
+        # Sent again (its first answer lost), a release changes nothing.
+        refused, fences = await store.release_then_claim(ended, [])
+        assert (refused, fences) == ({}, {})
+        assert [r.outcome for r in await store.runs("a", 5)] == ["ok"]
+        assert await store.last_tick("a") == 101.0
+
+
+async def test_a_release_with_no_claim_soon_is_sent_at_once(database_url: str) -> None:
+    """A job at 3 s: its release does not wait for the next instant's claim: the
+    lease is free (a trigger or a backfill on another instance may claim the
+    job) and the run is in the history well before that tick."""
+    store = CountingStore(lambda state: state["db"])
+    scheduler = Scheduler(store=store, shutdown_timeout=5)
+    ticks: list[datetime] = []
+
+    @scheduler.every(seconds=3)
+    async def digest(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+
+    async with engine_for(database_url) as engine, scheduler.running({"db": engine}):
+        await poll(lambda: bool(ticks))
+        first = ticks[0].timestamp()
+
+        async def freed() -> bool:
+            rows = await released(database_url)
+            return bool(rows) and rows[0][2] is None
+
+        # Freed in milliseconds: not when the next tick is claimed.
+        await poll(freed, within=1.0)
+        assert len(ticks) == 1 and ticks[0].timestamp() == first
+        assert store.calls["release"] == 1
+    assert await history(database_url) == Counter({"digest": len(ticks)})
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_claims_keep_one_connection_and_give_it_back_at_the_stop(
+    postgres: Any, driver: str
+) -> None:
+    """While jobs tick, the store holds one connection of the app's pool between
+    its claims; the stop gives it back."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    scheduler = Scheduler(store=SQLAlchemyStore(lambda state: state["db"]), shutdown_timeout=5)
+    runs: list[datetime] = []
+
+    @scheduler.every(seconds=0.2)
+    async def tick(ctx: JobContext) -> None:
+        runs.append(ctx.tick)
+
+    async with engine_for(url) as engine:
+        async with scheduler.running({"db": engine}):
+            await poll(lambda: len(runs) >= 4)
+            assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
