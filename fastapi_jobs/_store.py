@@ -64,6 +64,11 @@ class Store(Protocol):
     call may not leave a connection broken or a task behind (the SQLAlchemy
     store runs each operation in a task of its own that callers only wait
     for). A claim made although its caller gave up must not hold the job.
+
+    Optional: ``release_then_claim(ended, wanted, **options)``, the `release` of
+    ``ended`` and then the `claim` of ``wanted`` (``options`` as `claim`'s) in one
+    call, returning ``(refused releases, fences)``. Where a store has it, the
+    scheduler sends the releases it has gathered with its next claim, in one call.
     """
 
     lease: float
