@@ -155,6 +155,10 @@ class Observers:
         self._wanted: anyio.Event | None = None  # set when an event is queued
         self._delivering = False
         self._drained: anyio.Event | None = None  # set when the queue is empty (flush)
+        # Whether anyone listens to runs starting and ending: read per run, so a
+        # flag each, not two dict lookups (a run pays nothing for a kind no one
+        # observes: metrics observe only the ends).
+        self.wants_started = self.wants_finished = False
 
     def add(self, observer: object) -> None:
         hooks = {
@@ -171,6 +175,8 @@ class Observers:
         for kind, method in hooks.items():
             is_async = inspect.iscoroutinefunction(method)
             (self._async if is_async else self._sync)[kind].append(method)
+        self.wants_started = bool(self._sync["run_started"] or self._async["run_started"])
+        self.wants_finished = bool(self._sync["run_finished"] or self._async["run_finished"])
 
     def __bool__(self) -> bool:
         return any(self._sync.values()) or any(self._async.values())
@@ -187,7 +193,7 @@ class Observers:
         fence: int | None,
         asked_from: contextvars.Context | None = None,
     ) -> None:
-        if self._sync["run_started"] or self._async["run_started"]:
+        if self.wants_started:
             event = (job, tick, started, attempt, manual, fence, self.instance, asked_from)
             self._emit("run_started", _new(RunStarted, event))
 
@@ -203,9 +209,10 @@ class Observers:
         duration: float,
         error: BaseException | None,
     ) -> None:
-        if self._sync["run_finished"] or self._async["run_finished"]:
-            event = (job, tick, started, attempt, manual, fence, self.instance, outcome)
-            self._emit("run_finished", _new(RunFinished, (*event, duration, error)))
+        if self.wants_finished:
+            instance = self.instance
+            event = (job, tick, started, attempt, manual, fence, instance, outcome, duration, error)
+            self._emit("run_finished", _new(RunFinished, event))
 
     def skipped(self, job: str, tick: float | None, reason: SkipReason, count: int) -> None:
         if self._sync["tick_skipped"] or self._async["tick_skipped"]:
