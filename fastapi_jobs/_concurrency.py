@@ -182,7 +182,13 @@ class _Asyncio:
         self._loop = loop
         self._tasks: list[asyncio.Task[None]] = []
         # Made once, not per job: a closure or bound method each is ~0.2 KiB a job.
-        self._new_gate: Callable[[], Gate] = loop.create_future
+        # asyncio's own loop makes a plain Future: made directly, without the
+        # loop's Python method around it (a frame per park); a loop of its own
+        # (uvloop, a test's) makes its futures as it likes.
+        plain = getattr(type(loop), "create_future", None) is asyncio.BaseEventLoop.create_future
+        self._new_gate: Callable[[], Gate] = (
+            partial(asyncio.Future, loop=loop) if plain else loop.create_future
+        )
         self._on_done = self._done
         self._ended: Callable[[BaseException | None], None] | None = None
 

@@ -111,7 +111,7 @@ class GuardedRun(RunnerState):
         outcome: Outcome = "cancelled"
         error: BaseException | None = None
         observers = self.observers
-        if observers is not None:
+        if observers is not None and observers.wants_started:
             self._tell_started(observers, tick, started, attempt, manual, fence)
         try:
             if not job.is_async:
@@ -144,7 +144,7 @@ class GuardedRun(RunnerState):
                     self._ran_ok(duration)
             else:
                 self._report(outcome, error, finished, duration)
-            if observers is not None:
+            if observers is not None and observers.wants_finished:
                 observers.finished(
                     job.name, tick, started, attempt, manual, fence, outcome, duration, error
                 )

@@ -50,12 +50,18 @@ class Series:
         self.cells: dict[str, array[float]] = {}
 
     def observe(self, job: str, value: float) -> None:
-        key = job if self.by_job else ""
-        cells = self.cells.get(key)
+        cells = self.cells.get(job if self.by_job else "")
         if cells is None:
-            cells = self.cells[key] = array("d", bytes(8 * (len(self.bounds) + 2)))
+            cells = self.made(job)
         cells[bisect_left(self.bounds, value)] += 1  # le: a value equal to a bound is in it
         cells[-1] += value
+
+    def made(self, job: str) -> array[float]:
+        """The cells of ``job`` (of the process if not by job), made empty."""
+        cells = self.cells[job if self.by_job else ""] = array(
+            "d", bytes(8 * (len(self.bounds) + 2))
+        )
+        return cells
 
     def copy(self, key: str) -> array[float] | None:
         cells = self.cells.get(key)
@@ -70,10 +76,18 @@ class Recorder:
         self.lateness = Series(LATENESS_BUCKETS, by_job=by_job)
 
     def run_finished(self, event: RunFinished) -> None:
-        self.durations.observe(event.job, event.duration_s)
-        late = lateness(event)
-        if late is not None:
-            self.lateness.observe(event.job, late)
+        # Once per run with metrics on: Series.observe and lateness() inlined
+        # (their three calls were a tenth of a tick).
+        job, value = event.job, event.duration_s
+        series = self.durations  # by job
+        cells = series.cells.get(job)
+        if cells is None:
+            cells = series.made(job)
+        cells[bisect_left(series.bounds, value)] += 1
+        cells[-1] += value
+        if event.attempt == 1 and not event.manual:
+            late = event.started - event.tick
+            self.lateness.observe(job, late if late > 0 else 0.0)
 
 
 class Counting:
