@@ -38,6 +38,7 @@ def url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'schedules.sqlite3'}"
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_a_schedule_is_made_listed_changed_and_removed_from_the_command_line(url: str) -> None:
     made = cli(
         url,

@@ -180,6 +180,7 @@ def test_sigkill_mid_run_the_tick_is_not_run_again_and_a_survivor_takes_over(
     assert first <= killed_at + 1.5 + 1.0
 
 
+@pytest.mark.slow  # 7-14 s of app processes: .ci/run's slow pass
 def test_sigstop_past_the_lease_cancels_the_run_and_its_stale_writes_are_rejected(
     pg_url: str, apps: list[App]
 ) -> None:
@@ -224,6 +225,7 @@ def test_sigstop_past_the_lease_cancels_the_run_and_its_stale_writes_are_rejecte
     assert resumed_at > taken_at
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_a_run_longer_than_its_lease_is_not_run_twice(pg_url: str, apps: list[App]) -> None:
     """Runs of 2.5 s under a 1.2 s lease in 3 processes: renewals keep them; runs of one
     job never overlap and no tick repeats. (With a 0.6 s lease it failed once on a
@@ -242,6 +244,7 @@ def test_a_run_longer_than_its_lease_is_not_run_twice(pg_url: str, apps: list[Ap
     assert all("lost its lease" not in app.output() for app in apps)
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_database_restarts_during_claims_renewals_and_releases(
     postgres: PostgresServer, apps: list[App]
 ) -> None:
@@ -308,6 +311,7 @@ def restart_after_downtime(url: str, apps: list[App], catch_up: float) -> tuple[
     return again, stopped_at, started_at
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_downtime_across_many_ticks_gives_one_catch_up_run(pg_url: str, apps: list[App]) -> None:
     """Down for ~10 ticks, catch_up=5 s: the latest missed tick runs once, at start."""
     again, stopped_at, started_at = restart_after_downtime(pg_url, apps, catch_up=5)
@@ -322,6 +326,7 @@ def test_downtime_across_many_ticks_gives_one_catch_up_run(pg_url: str, apps: li
     assert started_at - caught_up < 0.25 + 0.02  # the latest of the missed ticks
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_no_catch_up_past_the_deadline(pg_url: str, apps: list[App]) -> None:
     """The same downtime with a deadline shorter than any tick's age: no catch-up run."""
     again, stopped_at, started_at = restart_after_downtime(pg_url, apps, catch_up=0.000001)

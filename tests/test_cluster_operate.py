@@ -79,6 +79,7 @@ def test_a_pause_on_one_instance_holds_on_every_instance_and_across_restarts(
     assert len(ticks) == len(set(ticks))  # each tick once, before and after
 
 
+@pytest.mark.slow  # 7-14 s of app processes: .ci/run's slow pass
 def test_a_pause_through_a_shared_port_stops_every_worker(tmp_path: Path, apps: list[App]) -> None:
     """uvicorn --workers 3 on a SQLite file: a pause that reaches one worker stops all."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'workers.sqlite3'}"
@@ -99,6 +100,7 @@ def test_a_pause_through_a_shared_port_stops_every_worker(tmp_path: Path, apps: 
     wait_until(lambda: len(rows(url, "SELECT DISTINCT pid FROM runs")) >= 2, timeout=20)
 
 
+@pytest.mark.slow  # 7-14 s of app processes: .ci/run's slow pass
 def test_two_triggers_on_two_instances_give_one_run_and_one_409(
     cluster_url: str, apps: list[App]
 ) -> None:

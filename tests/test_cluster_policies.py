@@ -118,6 +118,7 @@ def assert_on_the_jittered_grid(runs: list[dict[str, Any]]) -> None:
     assert not twice, f"ticks run more than once: {twice}"
 
 
+@pytest.mark.slow  # 7-14 s of app processes: .ci/run's slow pass
 def test_queue_one_runs_one_tick_kept_during_a_long_run_once_after_its_release(
     pg_url: str, apps: list[App]
 ) -> None:
@@ -150,6 +151,7 @@ def test_queue_one_runs_one_tick_kept_during_a_long_run_once_after_its_release(
     assert_on_the_jittered_grid(runs)
 
 
+@pytest.mark.slow  # 7-14 s of app processes: .ci/run's slow pass
 def test_replace_cancels_a_long_run_and_the_next_tick_runs_with_a_higher_fence(
     pg_url: str, apps: list[App]
 ) -> None:

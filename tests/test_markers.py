@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .support.cluster import ROOT
 
 
@@ -41,6 +43,7 @@ def collected(*args: str) -> set[str]:
     return {line for line in done.stdout.splitlines() if "::" in line}
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_the_newer_pythons_run_no_test_that_needs_postgresql_processes_or_a_browser() -> None:
     """A test that uses the postgres fixture (whatever its name), database_url or
     cluster_url on PostgreSQL, the apps processes or the browser is left out of the

@@ -338,6 +338,7 @@ def test_every_worker_reports_the_same_cluster_figures(tmp_path: Path, apps: lis
             assert value(samples, "interval_seconds", job_name=job) == 0.25
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_multiprocess_mode_sums_the_workers_counts(tmp_path: Path, apps: list[App]) -> None:
     """prometheus_client's multiprocess mode: one scrape counts every worker's runs."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'workers.sqlite3'}"
@@ -363,6 +364,7 @@ def test_multiprocess_mode_sums_the_workers_counts(tmp_path: Path, apps: list[Ap
     assert value(samples, "paused", job_name="job0") == 1
 
 
+@pytest.mark.slow  # 9-16 s of processes: .ci/run's slow pass
 def test_a_sigkilled_workers_running_is_gone_once_it_is_respawned(
     tmp_path: Path, apps: list[App]
 ) -> None:

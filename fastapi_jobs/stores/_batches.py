@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -40,11 +41,16 @@ encode = json.JSONEncoder(allow_nan=False).encode
 """A batch's rows as the one JSON array of ``b_rows`` (see `rows_cte`)."""
 
 
+_job = operator.itemgetter(0)  # a row's job (a C call: the sort's key for every row)
+
+
 def chunks(rows: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
     """``rows`` in statements of at most MAX_ROWS, sorted by job: rows in one order
     for every instance, so two batches never wait on each other's row locks in
     opposite orders (no deadlock)."""
-    ordered = sorted(rows, key=lambda row: row[0])
+    ordered = sorted(rows, key=_job)
+    if len(ordered) <= MAX_ROWS:
+        return [ordered]
     return [ordered[start : start + MAX_ROWS] for start in range(0, len(ordered), MAX_ROWS)]
 
 
@@ -182,7 +188,7 @@ async def claim_all(
 
     async def claim_rows(rows: list[tuple[str, Any]]) -> None:
         sent = {**params, "b_sent": sqlite_now(), "b_rows": encode(rows)}
-        asked.update((row[0], row[1]) for row in rows)
+        asked.update({row[0]: row[1] for row in rows})
         try:
             result = await batches.execute(conn, kind, sent)
         except sa.exc.DBAPIError as exc:
@@ -193,10 +199,10 @@ async def claim_all(
                 for job, *_ in rows:
                     asked.pop(job, None)
             raise
-        returned = cast("list[tuple[str, int]]", result.all())  # RETURNING job, fence
-        fences.update((job, int(fence)) for job, fence in returned)
-        for job, *_ in rows:
-            asked.pop(job, None)  # answered: claimed, or not (held, an older tick)
+        # RETURNING job, fence: the drivers give the BIGINT as an int.
+        fences.update(cast("list[tuple[str, int]]", result.all()))
+        for row in rows:
+            asked.pop(row[0], None)  # answered: claimed, or not (held, an older tick)
 
     for chunk in chunks:
         await each_row_alone_on_error(claim_rows, chunk, fences)

@@ -179,13 +179,12 @@ _ENDED = {
 """The columns of a release's rows (``fastapi_jobs.stores.Ended``)."""
 
 
-def ended_rows(ended: Sequence[Ended]) -> list[tuple[str, tuple[Any, ...]]]:
-    """A release's rows by job, in ``_ENDED``'s order. The tick goes only where it
-    is not the claim's: a value missing at the end of a row reads as NULL."""
+def ended_rows(ended: Sequence[Ended]) -> list[tuple[Any, ...]]:
+    """A release's rows, each in ``_ENDED``'s order (the job first, as `chunks`
+    wants it). The tick goes only where it is not the claim's: a value missing
+    at the end of a row reads as NULL."""
     return [
-        (e.job, (e.fence, e.outcome, e.error, e.duration, e.attempts, int(e.manual)))
-        if e.tick is None
-        else (e.job, (*e[1:6], int(e.manual), e.tick))
+        (*e[:6], int(e.manual)) if e.tick is None else (*e[:6], int(e.manual), e.tick)
         for e in ended
     ]
 

@@ -202,7 +202,7 @@ class StoreClaims:
         sql = self._statements
 
         async def release_rows(rows: list[tuple[str, Any]]) -> None:
-            params: dict[str, object] = {"b_rows": encode([(job, *ended) for job, ended in rows])}
+            params: dict[str, object] = {"b_rows": encode(rows)}
             if sql.release_in_two:
                 # Two statements, one transaction: a history row written by a
                 # release whose update then failed would be written again when
