@@ -11,9 +11,10 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fastapi_jobs import JobContext, Scheduler
 from fastapi_jobs.stores import Ended, SQLAlchemyStore
@@ -140,3 +141,30 @@ async def test_claims_keep_one_connection_and_give_it_back_at_the_stop(
             await poll(lambda: len(runs) >= 4)
             assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+async def test_a_pool_of_one_connection_is_never_kept_from_the_app(postgres: Any) -> None:
+    """An app whose pool is one connection: the store keeps none between its
+    claims, so the app's own queries get the connection while jobs tick."""
+    url = postgres.url(postgres.create_database())
+    scheduler = Scheduler(store=SQLAlchemyStore(lambda state: state["db"]), shutdown_timeout=5)
+    runs: list[datetime] = []
+
+    @scheduler.every(seconds=0.2)
+    async def tick(ctx: JobContext) -> None:
+        runs.append(ctx.tick)
+
+    async with engine_for(url) as warm:
+        await warm.dispose()  # the tables made
+    engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=3)
+    try:
+        async with scheduler.running({"db": engine}):
+            await poll(lambda: len(runs) >= 2)
+            for _ in range(5):
+                # A kept connection would make this wait the pool's timeout and fail.
+                async with engine.connect() as conn:
+                    assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
+                await anyio.sleep(0.1)
+            assert len(runs) >= 3
+    finally:
+        await engine.dispose()

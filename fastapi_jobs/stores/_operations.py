@@ -45,6 +45,7 @@ NOT_OPEN = "the store is not open: it opens when the scheduler starts"
 _DDL_TIMEOUT = 30.0
 # The kept connection goes back to the pool once unused this long.
 KEEP = 2.0
+_ROOMY = 3  # connections a pool must have in all for one to be kept
 
 
 class Operations:
@@ -64,6 +65,7 @@ class Operations:
         self._prepare = prepare
         self._ready_lock = asyncio.Lock()
         self._kept: AsyncConnection | None = None  # see run_kept
+        self._may_keep = False  # the pool has room for it
         self._kept_busy = False
         self._kept_until = 0.0  # the loop's time it goes back to the pool, unused
         self._kept_timer: asyncio.TimerHandle | None = None
@@ -76,6 +78,7 @@ class Operations:
         self.ready = False
         self._ready_lock = asyncio.Lock()  # bound to this loop
         self._kept, self._kept_busy, self._kept_timer = None, False, None
+        self._may_keep = _roomy(engine.pool)
 
     async def run(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run ``op`` on a connection, in a task of its own; wait for its result."""
@@ -88,7 +91,7 @@ class Operations:
 
     async def on_kept(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """`in_connection`, on the kept connection while no other operation uses it."""
-        if self._kept_busy:
+        if self._kept_busy or not self._may_keep:
             return await self.in_connection(op)
         assert self.engine is not None
         if not self.ready:
@@ -266,6 +269,18 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
             except Exception:  # noqa: BLE001 - its transaction must not go back to the pool
                 await conn.invalidate()
         raise
+
+
+def _roomy(pool: sa.Pool) -> bool:
+    """Whether a connection may be kept out of ``pool``: one that opens a
+    connection per checkout (NullPool), or a queue of at least three (an app
+    whose pool is one or two connections would wait for the scheduler's)."""
+    if isinstance(pool, sa.pool.NullPool):
+        return True
+    if not isinstance(pool, sa.pool.QueuePool):
+        return False  # StaticPool, SingletonThreadPool: one connection, shared
+    overflow = getattr(pool, "_max_overflow", 0)
+    return overflow < 0 or pool.size() + overflow >= _ROOMY
 
 
 async def _drop(conn: AsyncConnection) -> None:
