@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
@@ -153,17 +153,23 @@ async def test_claims_keep_one_connection_and_give_it_back_at_the_stop(
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
-async def test_a_pool_of_one_connection_is_never_kept_from_the_app(postgres: Any) -> None:
-    """An app whose pool is one connection: the store keeps none between its
-    claims, so the app's own queries get the connection while jobs tick."""
+@pytest.mark.parametrize(("size", "overflow"), [(1, 0), (3, 0), (2, 1), (5, 4)])
+async def test_a_small_pool_is_never_kept_from_the_app(
+    postgres: Any, size: int, overflow: int
+) -> None:
+    """An app whose pool is smaller than SQLAlchemy's default, and its requests
+    holding all of it but one connection: the store keeps none between its
+    claims, so the app's next checkout gets that one while jobs tick."""
     url = postgres.url(postgres.create_database())
     scheduler, runs = ticking()
     async with engine_for(url) as warm:
         await warm.dispose()  # the tables made
-    engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=3)
+    engine = create_async_engine(url, pool_size=size, max_overflow=overflow, pool_timeout=3)
     try:
-        async with scheduler.running({"db": engine}):
+        async with scheduler.running({"db": engine}), AsyncExitStack() as held:
             await poll(lambda: len(runs) >= 2)
+            for _ in range(size + overflow - 1):  # the app's long requests
+                await held.enter_async_context(engine.connect())
             for _ in range(5):
                 # A kept connection would make this wait the pool's timeout and fail.
                 async with engine.connect() as conn:

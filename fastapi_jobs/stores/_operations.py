@@ -45,7 +45,7 @@ NOT_OPEN = "the store is not open: it opens when the scheduler starts"
 _DDL_TIMEOUT = 30.0
 # The kept connection goes back to the pool once unused this long.
 KEEP = 2.0
-_ROOMY = 3  # connections a pool must have in all for one to be kept
+_ROOMY = 10  # connections a pool must have in all for one to be kept
 
 
 class Operations:
@@ -114,7 +114,10 @@ class Operations:
             raise
         finally:
             self._kept_busy = False
-            self._keep_for(KEEP)
+            if self._kept is not None and not _spare(self.engine.pool):
+                self.spawn(self.let_go())  # the app needs its pool now
+            else:
+                self._keep_for(KEEP)
 
     def _keep_for(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -272,15 +275,26 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
 
 
 def _roomy(pool: sa.Pool) -> bool:
-    """Whether a connection may be kept out of ``pool``: one that opens a
-    connection per checkout (NullPool), or a queue of at least three (an app
-    whose pool is one or two connections would wait for the scheduler's)."""
+    """Whether a connection may be kept out of ``pool`` at all: one that opens
+    a connection per checkout (NullPool), or a queue of at least ``_ROOMY`` in
+    all (SQLAlchemy's default is 5 + 10 overflow). From a small pool the app's
+    own requests would wait for the scheduler's connection."""
     if isinstance(pool, sa.pool.NullPool):
         return True
     if not isinstance(pool, sa.pool.QueuePool):
         return False  # StaticPool, SingletonThreadPool: one connection, shared
     overflow = getattr(pool, "_max_overflow", 0)
     return overflow < 0 or pool.size() + overflow >= _ROOMY
+
+
+def _spare(pool: sa.Pool) -> bool:
+    """Whether ``pool`` can spare the kept connection now: at most half of it
+    is checked out (the kept one included). A busy app gets it back after
+    each call."""
+    if not isinstance(pool, sa.pool.QueuePool):
+        return True
+    overflow = getattr(pool, "_max_overflow", 0)
+    return overflow < 0 or 2 * pool.checkedout() <= pool.size() + overflow
 
 
 async def _drop(conn: AsyncConnection) -> None:
