@@ -91,11 +91,13 @@ class Operations:
 
     async def on_kept(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """`in_connection`, on the kept connection while no other operation uses it."""
-        if self._kept_busy or not self._may_keep:
-            return await self.in_connection(op)
         assert self.engine is not None
         if not self.ready:
             await self.ensure_ready()
+        # Checked after the wait for the tables: another operation may have
+        # taken the kept connection meanwhile (no await between this and taking it).
+        if self._kept_busy or not self._may_keep:
+            return await self.in_connection(op)
         self._kept_busy = True
         conn = self._kept
         try:
