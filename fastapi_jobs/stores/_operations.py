@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -276,17 +277,23 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
         raise
 
 
-def _roomy(pool: sa.Pool) -> bool:
-    """Whether a connection may be kept out of ``pool`` at all: one that opens
-    a connection per checkout (NullPool), or a queue of at least ``_ROOMY`` in
-    all (SQLAlchemy's default is 5 + 10 overflow). From a small pool the app's
-    own requests would wait for the scheduler's connection."""
+def _capacity(pool: sa.Pool) -> float:
+    """The connections ``pool`` may have checked out at once: NullPool has no
+    limit (it opens one per checkout); StaticPool and SingletonThreadPool share
+    one, so none is ever spare."""
     if isinstance(pool, sa.pool.NullPool):
-        return True
+        return math.inf
     if not isinstance(pool, sa.pool.QueuePool):
-        return False  # StaticPool, SingletonThreadPool: one connection, shared
+        return 0
     overflow = getattr(pool, "_max_overflow", 0)
-    return overflow < 0 or pool.size() + overflow >= _ROOMY
+    return math.inf if overflow < 0 else pool.size() + overflow
+
+
+def _roomy(pool: sa.Pool) -> bool:
+    """Whether a connection may be kept out of ``pool`` at all: at least
+    ``_ROOMY`` in all (SQLAlchemy's default is 5 + 10 overflow). From a small
+    pool the app's own requests would wait for the scheduler's connection."""
+    return _capacity(pool) >= _ROOMY
 
 
 def _spare(pool: sa.Pool) -> bool:
@@ -294,9 +301,8 @@ def _spare(pool: sa.Pool) -> bool:
     is checked out (the kept one included). A busy app gets it back after
     each call."""
     if not isinstance(pool, sa.pool.QueuePool):
-        return True
-    overflow = getattr(pool, "_max_overflow", 0)
-    return overflow < 0 or 2 * pool.checkedout() <= pool.size() + overflow
+        return True  # kept only where _roomy: NullPool, which has no limit
+    return 2 * pool.checkedout() <= _capacity(pool)
 
 
 async def _drop(conn: AsyncConnection) -> None:
