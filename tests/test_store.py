@@ -386,6 +386,20 @@ async def test_an_in_memory_sqlite_store_is_refused(url: str) -> None:
         await engine.dispose()
 
 
+@pytest.mark.parametrize("pool", [sa.pool.StaticPool, sa.pool.AssertionPool])
+async def test_a_postgresql_engine_of_one_shared_connection_is_refused(pool: type) -> None:
+    """The scheduler's statements run beside the app's: on a PostgreSQL engine whose
+    pool hands one connection to everyone, the app's queries would fail while a
+    claim runs. Refused when the store opens (creating the engine connects to
+    nothing), naming the pool."""
+    engine = create_async_engine("postgresql+asyncpg://u@localhost/none", poolclass=pool)
+    try:
+        with pytest.raises(StoreError, match=f"has a {pool.__name__}: one connection"):
+            await SQLAlchemyStore(engine).open({}, Instance())
+    finally:
+        await engine.dispose()
+
+
 async def test_engine_callable_must_return_an_engine() -> None:
     """A callable that picks something else out of the state fails clearly at start."""
     store = SQLAlchemyStore(lambda state: state["db"])

@@ -19,6 +19,12 @@ EngineSource = AsyncEngine | str | Callable[[Mapping[str, Any]], AsyncEngine]
 _ASYNC_DRIVERS = {"postgresql": ("asyncpg", "psycopg", "psycopg_async"), "sqlite": ("aiosqlite",)}
 """The drivers the store runs on, by backend (SQLAlchemy's async ones)."""
 
+_ONE_CONNECTION = (sa.pool.StaticPool, sa.pool.AssertionPool)
+_SHARED = (
+    "has a %s: one connection for the app and the scheduler, which on PostgreSQL "
+    "fails the app's queries while a claim runs. Give it a pool (the default, "
+    "or NullPool)"
+)
 _IN_MEMORY = (
     "is an in-memory SQLite database: each process would have its own, so every "
     "process would claim every tick. Use a file (sqlite+aiosqlite:///jobs.sqlite3) "
@@ -80,6 +86,11 @@ def choose(
         raise StoreError(f"the store's engine ({engine.url}) {_IN_MEMORY}")
     if dialect not in ("postgresql", "sqlite"):
         raise StoreError(f"SQLAlchemyStore supports PostgreSQL and SQLite, not {dialect!r}")
+    if dialect == "postgresql" and isinstance(engine.pool, _ONE_CONNECTION):
+        # The scheduler's statements go beside the app's by design: on one shared
+        # connection, asyncpg and psycopg refuse the second ("another operation is
+        # in progress", "a manually started transaction"): the app's fail too.
+        raise StoreError(f"the store's engine {_SHARED % type(engine.pool).__name__}")
     if dialect == "sqlite" and owned is None:
         engine = owned = _own_engine(engine.url, timeout)
     return engine, owned

@@ -279,8 +279,9 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
 
 def _capacity(pool: sa.Pool) -> float:
     """The connections ``pool`` may have checked out at once: NullPool has no
-    limit (it opens one per checkout); StaticPool and SingletonThreadPool share
-    one, so none is ever spare."""
+    limit (it opens one per checkout); a pool of another kind (one shared
+    connection is refused at open, see ``_engines``) is not known to have any
+    to spare."""
     if isinstance(pool, sa.pool.NullPool):
         return math.inf
     if not isinstance(pool, sa.pool.QueuePool):
