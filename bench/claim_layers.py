@@ -7,6 +7,7 @@ makes of each call), and asyncpg's own prepared statement; and the JSON
 encoding of the rows alone. Medians of ``ITERATIONS`` calls at 1 and at 100
 rows: the fixed cost of a call, and what each row adds. Where the store's time
 goes, for docs/benchmark-notes.md (issue 22); not part of ``python -m bench``.
+``--quick``: 5 calls each, for the smoke test.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ SIZES = (1, 100)
 Call = Callable[[list[tuple[str, float]]], Awaitable[int]]
 
 
-async def _median_cpu(call: Call, size: int, names: list[int]) -> float:
+async def _median_cpu(call: Call, size: int, names: list[int], iterations: int) -> float:
     """The median process CPU of ``call`` over fresh rows of ``size`` jobs (new
     names each time: every row is a win)."""
     cpu = []
-    for _ in range(ITERATIONS):
+    for _ in range(iterations):
         names[0] += 1
         rows = [(f"job{names[0]}_{i:04d}", 1_000_000.0) for i in range(size)]
         start = time.process_time()
@@ -40,7 +41,7 @@ async def _median_cpu(call: Call, size: int, names: list[int]) -> float:
     return statistics.median(cpu)
 
 
-async def layers(url: str) -> dict[str, dict[int, float]]:
+async def layers(url: str, iterations: int = ITERATIONS) -> dict[str, dict[int, float]]:
     import asyncpg  # type: ignore[import-untyped]
 
     from fastapi_jobs._store import Instance
@@ -88,7 +89,7 @@ async def layers(url: str) -> dict[str, dict[int, float]]:
                 "the rows' JSON encoding alone": encoded,
             }
             for label, call in ways.items():
-                results[label] = {n: await _median_cpu(call, n, seen) for n in SIZES}
+                results[label] = {n: await _median_cpu(call, n, seen, iterations) for n in SIZES}
     finally:
         await raw.close()
         await store.close()
@@ -102,7 +103,8 @@ def main() -> None:
     server = PostgresServer()
     server.start()
     try:
-        results = asyncio.run(layers(server.url(server.create_database())))
+        url = server.url(server.create_database())
+        results = asyncio.run(layers(url, 5 if "--quick" in sys.argv[1:] else ITERATIONS))
     finally:
         server.destroy()
     small, large = SIZES

@@ -80,6 +80,30 @@ def test_bench_command_runs_on_a_tiny_n(
     assert scheduled.endswith("| 50, 1 | 50, 1 | |")  # each tick once, stored and declared
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own: CI's second run
+def test_the_claim_layers_bench_prints_each_layer(postgres: PostgresServer) -> None:
+    """`python -m bench.claim_layers --quick` prints one row per layer, every call
+    answered with all its rows (the script asserts it), each figure a number."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.claim_layers", "--quick"],
+        cwd=ROOT,
+        env=untraced(os.environ),
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    done.check_returncode()
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| store.claim",
+        "| exec_driver_sql, connection held",
+        "| asyncpg prepared statement",
+        "| the rows' JSON encoding alone",
+    ]
+    for row in rows:
+        assert all(float(cell) >= 0 for cell in row.strip("| ").split(" | ")[1:]), row
+
+
 def test_bench_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path) -> None:
     """`--out` onto a file without the generated marker exits before measuring anything,
     says what to do, and leaves the file as it was."""
