@@ -23,9 +23,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = [sys.executable, "-m", "bench.claims", "worker"]
+READY = "running"  # a worker's first line: its scheduler has started
 
 
-async def worker(url: str | None, n: int, opens: float, window: float) -> dict[str, Any]:
+async def worker(url: str | None, n: int, window: float) -> dict[str, Any]:
     from sqlalchemy import event
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -95,6 +96,12 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
 
         scheduler.add_job(job, Every(seconds=1), name=f"job{i}")
     async with scheduler.running({} if engine is None else {"db": engine}):
+        # Running, the store's tables checked: say so, and wait for the instant
+        # the window opens, the same for the three, picked once all are running.
+        if store is not None:
+            await store._operations.ensure_ready()
+        print(READY, flush=True)
+        opens = float(await asyncio.to_thread(sys.stdin.readline))
         # Steady state, as in the ticks benchmark: the garbage of starting up is
         # collected before the window, for both clusters alike.
         await asyncio.sleep(opens - time.time() - 0.3)
@@ -130,16 +137,29 @@ async def worker(url: str | None, n: int, opens: float, window: float) -> dict[s
 
 
 def cluster(url: str | None, n: int, window: int) -> list[dict[str, Any]]:
-    opens = math.floor(time.time()) + 6.5  # after every process has started
+    """Three worker processes; the window opens once all three are running (a
+    fixed delay was too short on a loaded machine: the window passed before the
+    processes had started, and nothing ran in it), between two whole seconds."""
     procs = [
         subprocess.Popen(
-            [*WORKER, url or "", str(n), str(opens), str(window)],
+            [*WORKER, url or "", str(n), str(window)],
             cwd=ROOT,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for _ in range(3)
     ]
+    for proc in procs:
+        assert proc.stdout is not None
+        said = proc.stdout.readline().strip()
+        if said != READY:
+            raise RuntimeError(f"a claims worker did not start (it said {said!r})")
+    opens = math.floor(time.time()) + 1.5  # a second of steady state first
+    for proc in procs:  # all told before any is waited for
+        assert proc.stdin is not None
+        proc.stdin.write(f"{opens}\n")
+        proc.stdin.flush()  # communicate() closes it
     results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=120)
@@ -235,8 +255,8 @@ def main() -> None:
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
     if args.mode == "worker":
-        url, n, opens, window = args.rest
-        result = asyncio.run(worker(url or None, int(n), float(opens), float(window)))
+        url, n, window = args.rest
+        result = asyncio.run(worker(url or None, int(n), float(window)))
         print(json.dumps(result))
     else:
         # `report jobs=3000`: another cluster size (the headline's is 3 x 300);

@@ -65,7 +65,8 @@ def test_bench_command_runs_on_a_tiny_n(
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(BENCHMARKS.read_text())
     flags = ["--quick", "--claims", "--requests", "--handoffs", "--schedules"]
-    bench(*flags, "--out", str(out)).check_returncode()
+    done = bench(*flags, "--out", str(out))
+    done.check_returncode()
     text = out.read_text()
     assert text.startswith(f"{MARKER} {' '.join(flags)} --out {out}` ")
     assert "INFO" not in text  # the schedulers' and stores' logs kept out of the tables
@@ -75,7 +76,8 @@ def test_bench_command_runs_on_a_tiny_n(
         assert f"| {impl} | asyncio | 20 |" in text
     assert "| 20 / 20 |" in text  # every expected tick ran, for the floor at least
     [pairs] = [line for line in text.splitlines() if "most runs of one pair" in line]
-    assert pairs.endswith(", 1 |")  # no (job, tick) ran twice across the 3 processes
+    # No (job, tick) ran twice across the 3 processes (and some ran: the log says why not).
+    assert pairs.endswith(", 1 |"), done.stderr[-4000:]
     [scheduled] = [line for line in text.splitlines() if "pairs run in the window" in line]
     assert scheduled.endswith("| 50, 1 | 50, 1 | |")  # each tick once, stored and declared
 
