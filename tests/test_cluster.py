@@ -23,6 +23,7 @@ import pytest
 from .apps.race import race
 from .support.cluster import App, rows, start
 from .support.postgres import PostgresServer
+from .support.ticks import assert_none_left_out, claimed_as_stopping
 from .support.waiting import wait_until
 
 
@@ -58,56 +59,6 @@ def assert_one_run_per_tick(
         claimed = [f for f in range(fences[0], fences[-1] + 1) if f not in unstarted]
         assert fences == claimed, "a claim without a run"
     return all_runs
-
-
-def claimed_as_stopping(apps: Sequence[App], job: str) -> dict[float, int]:
-    """The ticks of ``job`` (and their fences) an instance claimed as it stopped,
-    before their run began: released unrun, as its log says, and by then the
-    other instances had passed them (a lost tick, as docs/instances.md says)."""
-    said = re.compile(rf"job '{job}': tick (\S+) \(fence (\d+)\) was claimed as the app stopped")
-    return {
-        datetime.fromisoformat(tick).timestamp(): int(fence)
-        for app in apps
-        for tick, fence in said.findall(app.output())
-    }
-
-
-def assert_none_left_out(
-    url: str, job: str, ticks: list[float], interval: float, apps: Sequence[App] = ()
-) -> None:
-    """Every tick of ``job`` between the first and the last of ``ticks`` (the ticks
-    run) ran, or came due while the run before it still held the job's claim:
-    dropped, not queued; or was claimed by an instance as it stopped (released
-    unrun). (A run can outlast its interval on a loaded machine, waiting for
-    SQLite's lock; the store's history has when each run released. Instances
-    agree on the database's time to within a few milliseconds: a tick due just
-    after a release may have been claimed just before it.)"""
-    released = dict(
-        rows(url, "SELECT tick, finished_at FROM fastapi_jobs_runs WHERE job = :job", job=job)
-    )
-    unrun = claimed_as_stopping(apps, job)
-    for ran, next_ran in itertools.pairwise(sorted(ticks)):
-        left_out = [ran + k * interval for k in range(1, round((next_ran - ran) / interval))]
-        held = [
-            tick
-            for tick in left_out
-            if tick <= released.get(ran, -1.0) + 0.02 or any(abs(tick - t) < 1e-3 for t in unrun)
-        ]
-        assert left_out == held, (
-            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}; "
-            f"claimed as an instance stopped: {sorted(unrun)}; "
-            f"the instances warned:\n{warnings(apps)}"
-        )
-
-
-def warnings(apps: Sequence[App]) -> str:
-    """What the instances logged at WARNING and above, for a failure to show."""
-    return "\n".join(
-        f"{app.pid}: {line}"
-        for app in apps
-        for line in app.output().splitlines()
-        if line.startswith(("WARNING", "ERROR"))
-    )
 
 
 def test_many_jobs_across_three_processes_run_each_tick_once(

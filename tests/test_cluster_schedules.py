@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from .support.cluster import App, rows, start
+from .support.ticks import assert_none_left_out
 from .support.waiting import wait_until
 
 APP = "tests.apps.schedules_app:app"
@@ -67,12 +68,16 @@ def updated_at(url: str, name: str) -> float:
     return float(at)
 
 
-def contiguous(ticks: Iterable[float], every: float) -> bool:
-    """Each tick on ``every``'s grid, and every tick of the grid between the first
-    and the last among them, once."""
-    steps = sorted(round(tick / every) for tick in ticks)
-    on_grid = all(abs(tick / every - round(tick / every)) < 1e-6 for tick in ticks)
-    return on_grid and steps == list(range(steps[0], steps[0] + len(steps)))
+def assert_every_tick(
+    url: str, apps: Sequence[App], job: str, ticks: Sequence[float], every: float
+) -> None:
+    """Each of ``ticks`` on ``every``'s grid, and every tick of the grid between the
+    first and the last among them run, or accounted for: dropped while the run
+    before still held the claim, or claimed by an instance as it stopped."""
+    assert ticks, f"{job}: no ticks"
+    off = [tick for tick in ticks if abs(tick / every - round(tick / every)) >= 1e-6]
+    assert not off, f"{job}: ticks off the grid of {every}s: {off}"
+    assert_none_left_out(url, job, list(ticks), every, apps)
 
 
 def assert_no_tick_twice(url: str) -> None:
@@ -143,13 +148,13 @@ def test_a_schedule_made_changed_and_removed_on_three_instances_runs_each_tick_o
     old = [tick for _, tenant, tick, *_ in report if tenant == "acme"]
     new = [tick for _, tenant, tick, *_ in report if tenant == "globex"]
     assert len(old) + len(new) == len(report)
-    assert contiguous(old, 0.5), sorted(old)
+    assert_every_tick(url, apps, "report", old, 0.5)
     assert max(old) <= changed_at, (sorted(old), changed_at)  # none under the old spec after
-    assert contiguous(new, 0.3), sorted(new)
+    assert_every_tick(url, apps, "report", new, 0.3)
     assert max(new) <= removed_at, (sorted(new), removed_at)  # none after the removal
     keep = [tick for _, _, tick, *_ in runs(url, "keep")]
-    assert contiguous([t for t in keep if t <= stopping], 0.5)
-    assert contiguous([t for t in keep if t > started], 0.5)
+    assert_every_tick(url, apps, "keep", [t for t in keep if t <= stopping], 0.5)
+    assert_every_tick(url, apps, "keep", [t for t in keep if t > started], 0.5)
 
 
 @pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
@@ -188,4 +193,4 @@ def test_an_instance_without_the_task_leaves_the_schedules_alone(
     report = runs(url, "report")
     assert {instance for *_, instance in report} <= ids
     assert_no_tick_twice(url)
-    assert contiguous([tick for _, _, tick, *_ in report], 0.5)
+    assert_every_tick(url, apps, "report", [tick for _, _, tick, *_ in report], 0.5)
