@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,9 @@ async def worker(url: str | None, n: int, window: float) -> dict[str, Any]:
             if not on:
                 return
             head = statement.lstrip().split(None, 3)[:3]
-            if "INSERT INTO fastapi_jobs_claims" in statement:
+            if "INSERT INTO fastapi_jobs_instants" in statement:
+                statements["instant"] += 1
+            elif "INSERT INTO fastapi_jobs_claims" in statement:
                 statements["claim"] += 1
                 conn.info["claim_sent"] = time.perf_counter()
             elif "fastapi_jobs_claims" in statement and "finished_at" in statement:
@@ -69,17 +71,10 @@ async def worker(url: str | None, n: int, window: float) -> dict[str, Any]:
 
         class TimedStore(SQLAlchemyStore):
             async def claim(
-                self,
-                wanted: Sequence[tuple[str, float]],
-                *,
-                manual: bool = False,
-                versions: Mapping[str, int] | None = None,
-                replace: Collection[str] = (),
+                self, wanted: Sequence[tuple[str, float]], **given: Any
             ) -> dict[str, int | Exception]:
                 t0 = time.perf_counter()
-                fences = await super().claim(
-                    wanted, manual=manual, versions=versions, replace=replace
-                )
+                fences = await super().claim(wanted, **given)
                 if on:
                     latencies.append((time.perf_counter() - t0) * 1000)
                     statements["claim calls"] += len(wanted)

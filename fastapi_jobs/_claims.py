@@ -16,13 +16,21 @@ release waits out its gathering, or a lock, while the claim overtakes it).
 Releases still gathered when a claim goes (runs that ended just before the
 next tick) go in the claim's own call, first (``release_then_claim``, where
 the store has it): one connection and one deadline for both.
+
+Jobs that come due together on every instance (the same names, the same
+stored schedules' versions) form a set, named by a digest (`instant`): where
+the store claims instants, only the instance that claims the set's instant
+first sends the set's claims, and the others skip theirs. Every instance
+would otherwise send a claim per job per tick, all but one of them in vain.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
+from hashlib import blake2b
 from typing import Any, TypeVar
 
 import anyio
@@ -68,15 +76,42 @@ class Claims:
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
 
+    def instant(
+        self, together: Collection[str], at: float, jobs: Collection[str]
+    ) -> tuple[str, float, frozenset[str]] | None:
+        """The claim's ``instant`` argument for ``jobs``, due at ``at`` among the
+        set ``together`` (every job that comes due at ``at`` here, claimed by
+        tick, whether it runs now or not), if the store claims instants: the
+        set's key is a digest of its names (and of the stored schedules'
+        versions), the same on every instance that has the same set."""
+        if not jobs or not getattr(self.store, "instant_claims", False):
+            return None
+        names = sorted(together)
+        versions = self.versions
+        if versions:
+            named: list[object] = [[n, versions[n]] if n in versions else n for n in names]
+            text = json.dumps(named)
+        else:
+            text = json.dumps(names)
+        key = blake2b(text.encode(), digest_size=16).hexdigest()  # ASCII: json escapes the rest
+        return key, at, frozenset(jobs)
+
     async def claim(
-        self, wanted: list[tuple[str, float]], *, manual: bool = False
+        self,
+        wanted: list[tuple[str, float]],
+        *,
+        manual: bool = False,
+        instant: tuple[str, float, frozenset[str]] | None = None,
     ) -> Mapping[str, int | Exception] | Exception:
         """Claim ``(job, tick)`` pairs in one call: the fences by job (a job not
         there is held elsewhere, or paused), or why the store could not be used
         (fail closed: those ticks are skipped, and logged here). The releases
-        gathered go first, in the same call where the store can."""
+        gathered go first, in the same call where the store can. ``instant``:
+        see `instant`."""
         store = self.store
         given = self._arguments(wanted, manual)
+        if instant is not None:
+            given["instant"] = instant
         try:
             with anyio.fail_after(store.timeout):
                 both = getattr(store, "release_then_claim", None)

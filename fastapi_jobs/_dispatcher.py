@@ -8,7 +8,10 @@ each job of the bucket to its next tick (an integer step on the epoch grid),
 counts the ticks of jobs still running as dropped (``overlap``), claims the
 ticks of claimed jobs in one call (``_claims``) and wakes the jobs that are to
 run in slices of ``SLICE``, giving the event loop a turn between slices, so that
-a request never waits behind a whole burst of jobs.
+a request never waits behind a whole burst of jobs. The claimed jobs due at an
+instant on time, ``GROUP_FROM`` or more, are claimed as a set: only the first
+instance to claim the instant for that set sends their claims (``_claims``'s
+`instant`).
 
 Hand-off ticks claimed elsewhere are watched (``_reclaims``): a watched job's
 re-claim goes to the store just before its ordinary claim, in the same task.
@@ -35,11 +38,15 @@ from ._concurrency import backend
 from ._reclaims import Reclaims
 from ._runner import JobRunner
 
-__all__ = ["SLICE", "WATCH_EVERY", "Dispatcher"]
+__all__ = ["GROUP_FROM", "SLICE", "WATCH_EVERY", "Dispatcher"]
 
 # Jobs woken between two turns of the event loop. One slice of trivial jobs
 # takes ~0.2 ms, so a request waits behind a slice, never behind a burst.
 SLICE = 50
+# Claimed jobs due at one instant are claimed as a set from this many on: the
+# instance that claims the set's instant pays a statement more, every other one
+# a claim per job less.
+GROUP_FROM = 8
 # The timer sleeps on the event loop's (monotonic) clock, and would see a wall
 # clock stepped forward meanwhile only when it wakes (after an interval, or a
 # day): the clock is watched this often (seconds) instead, so that a job whose
@@ -176,6 +183,8 @@ class Dispatcher:
         buckets, instants = self._buckets, self._instants
         to_wake: list[JobRunner] = []
         to_claim: list[JobRunner] = []
+        together: list[str] = []  # the set claimed as one (running here now or not)
+        late = False
         last_key, last_bucket = math.nan, bucket
         for runner in bucket:
             if runner.stopping:
@@ -194,6 +203,7 @@ class Dispatcher:
             if nxt <= now:
                 # Woke late (blocked loop, machine asleep): only the latest
                 # due tick runs; the others are counted as missed.
+                late = True
                 try:
                     tick, nxt = runner.skip_missed(instant, now)
                 except Exception as exc:  # noqa: BLE001 - a schedule of the user's
@@ -209,6 +219,8 @@ class Dispatcher:
             last_bucket.append(runner)
             stats = runner.stats
             stats.next_run_at = nxt
+            if runner.grouped:
+                together.append(runner.job.name)
             if runner.paused_until > tick:
                 # A pause taken elsewhere reaches the claim too; an every_instance
                 # job whose pause the store has not told yet fails closed.
@@ -228,7 +240,9 @@ class Dispatcher:
                 to_claim.append(runner)
         if to_claim:
             assert self._tg is not None
-            self._tg.start_soon(self._claim_then_wake, to_claim, checkpoint)
+            # Late, the ticks are not the instant's: each job's own claim decides.
+            group = together if len(together) >= GROUP_FROM and not late else None
+            self._tg.start_soon(self._claim_then_wake, to_claim, checkpoint, instant, group)
         if to_wake:
             pending = iter(to_wake)
             try:
@@ -238,10 +252,17 @@ class Dispatcher:
                     runner.settle()
 
     async def _claim_then_wake(
-        self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]
+        self,
+        runners: list[JobRunner],
+        checkpoint: Callable[[], Coroutine[Any, Any, None]],
+        at: float = math.nan,
+        together: list[str] | None = None,
     ) -> None:
-        """Claim the ticks of ``runners`` in one call; wake the winners."""
-        assert self._claims is not None
+        """Claim the ticks of ``runners`` in one call; wake the winners. Those
+        due ``at`` that are claimed as a set (``grouped``) go as the set of
+        ``together`` (see `_claims.Claims.instant`)."""
+        claims = self._claims
+        assert claims is not None
         reclaims = self.reclaims
         watching = reclaims is not None and bool(reclaims.watched)
         pending = iter(runners)  # not yet woken nor settled
@@ -249,8 +270,12 @@ class Dispatcher:
             if watching:
                 runners = await self._reclaim_first(runners, checkpoint)
                 pending = iter(runners)
+            instant = None
+            if together is not None:
+                jobs = [r.job.name for r in runners if r.grouped and r.due == at]
+                instant = claims.instant(together, at, jobs)
             claimed_at = anyio.current_time()  # the leases count from the claim's sending
-            fences = await self._claims.claim([(r.job.name, r.due) for r in runners])
+            fences = await claims.claim([(r.job.name, r.due) for r in runners], instant=instant)
             won: list[JobRunner] = []
             failed = isinstance(fences, Exception)
             got: Mapping[str, int | Exception] = {} if isinstance(fences, Exception) else fences

@@ -81,6 +81,7 @@ class RunnerState:
         "due",
         "fence",
         "grid_us",
+        "grouped",
         "history",
         "in_flight",
         "job",
@@ -139,7 +140,7 @@ class RunnerState:
         self.due = 0.0
         """The tick of the run the dispatcher wakes the job for."""
         self.fence: int | None = None
-        self.claimed_at = 0.0
+        self.claimed_at, self.grouped = 0.0, False  # grouped: see `arm`
         self.manual: Manual | None = None
         """The run asked for by hand that the task is woken for, if it is one."""
         self.queued: float | None = None
@@ -172,8 +173,19 @@ class RunnerState:
     def arm(self, claims: Claims | None, tasks: Spawning) -> None:
         """Make ready to serve (a scheduler can be started more than once)."""
         self._claims, self._tasks = claims, tasks
-        if claims is not None and self.leases is not None and self.job.overlap == "replace":
-            claims.replacing.add(self.job.name)
+        job = self.job
+        if claims is not None and self.leases is not None and job.overlap == "replace":
+            claims.replacing.add(job.name)
+        # Claimed with the set of jobs due at the same instant (``_claims``'s
+        # `instant`): a job claimed by tick, whose ticks never wait for a run
+        # (overlap "skip"), and that hands nothing off (the losers of its claim
+        # watch the tick, in case its claimer dies before handing it off).
+        self.grouped = (
+            claims is not None
+            and self.leases is not None
+            and job.overlap == "skip"
+            and job.enqueue is None
+        )
         self.stopping = self.in_flight = self.woken = self._serving = False
         self.fence = self._catch_up = self.queued = self.replaced_by = None
 

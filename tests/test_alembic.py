@@ -57,7 +57,7 @@ def fragment(starting: str) -> str:
 
 STORE_TABLES = [
     f"fastapi_jobs_{kind}"
-    for kind in ("claims", "handoffs", "instances", "pauses", "runs", "schedules")
+    for kind in ("claims", "handoffs", "instances", "instants", "pauses", "runs", "schedules")
 ]
 # The app of the page's env.py (`from myapp.models import Base`): its own table and
 # index, and the naming convention Alembic's documentation recommends.
@@ -255,7 +255,7 @@ def test_including_twice_adds_nothing_and_a_table_of_the_app_is_refused() -> Non
     metadata = sa.MetaData()
     first = include_tables(metadata)
     assert include_tables(metadata) == first
-    assert len(metadata.tables) == 6
+    assert len(metadata.tables) == 7
     with pytest.raises(ConfigurationError, match="prefix"):
         include_tables(metadata, table_prefix="p" * 53)
     theirs = sa.MetaData()
@@ -282,7 +282,7 @@ def test_the_filter_on_the_page_keeps_the_store_tables() -> None:
 
 
 def test_the_ddl_on_the_page_prints_the_store_tables() -> None:
-    """The page's DDL fragment prints the six CREATE TABLEs."""
+    """The page's DDL fragment prints the seven CREATE TABLEs."""
     out = io.StringIO()
     with redirect_stdout(out):
         exec(fragment("the DDL"), {})

@@ -6,7 +6,7 @@ short intervals (the database's clock decides leases)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -40,18 +40,10 @@ class CountingStore(SQLAlchemyStore):
         return await super().release(ended)
 
     async def release_then_claim(
-        self,
-        ended: Sequence[Ended],
-        wanted: Sequence[tuple[str, float]],
-        *,
-        manual: bool = False,
-        versions: Mapping[str, int] | None = None,
-        replace: Collection[str] = (),
+        self, ended: Sequence[Ended], wanted: Sequence[tuple[str, float]], **given: Any
     ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
         self.calls["release_then_claim"] += 1
-        return await super().release_then_claim(
-            ended, wanted, manual=manual, versions=versions, replace=replace
-        )
+        return await super().release_then_claim(ended, wanted, **given)
 
 
 @asynccontextmanager

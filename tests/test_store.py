@@ -274,6 +274,7 @@ async def test_tables_are_created_on_first_use_and_user_tables_are_untouched(
         "fastapi_jobs_claims",
         "fastapi_jobs_handoffs",
         "fastapi_jobs_instances",
+        "fastapi_jobs_instants",
         "fastapi_jobs_pauses",
         "fastapi_jobs_runs",
         "fastapi_jobs_schedules",

@@ -191,8 +191,8 @@ async def test_missing_tables_are_logged_as_not_usable(
     assert (
         "store not usable, tick skipped for 1 job(s) ('job'): table(s) fastapi_jobs_claims, "
         "fastapi_jobs_instances, fastapi_jobs_pauses, fastapi_jobs_runs, fastapi_jobs_handoffs "
-        "(the hand-offs' outbox), fastapi_jobs_schedules (the schedules made at run time) do "
-        "not exist, and "
+        "(the hand-offs' outbox), fastapi_jobs_instants (the instants claimed for sets of jobs), "
+        "fastapi_jobs_schedules (the schedules made at run time) do not exist, and "
         "create_tables=False" in caplog.text
     )
     assert "unreachable" not in caplog.text

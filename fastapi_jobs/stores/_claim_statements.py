@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
-__all__ = ["RUN_COLUMNS", "claim", "reclaim", "replaced_runs"]
+__all__ = ["RUN_COLUMNS", "claim", "claim_instant", "reclaim", "replaced_runs"]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -48,6 +48,36 @@ def claim(
         ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
     )
     return _taken_over(claims, new, now, take_over).returning(c.c.job, c.c.fence)
+
+
+def claim_instant(instants: sa.Table, insert: Insert) -> Any:
+    """The claim of an instant for a set of jobs due at it (``b_key``, a digest
+    of their names, and ``b_instant``): made, returning a row, only if no
+    instance claimed that instant or a later one for the same set. Under the
+    conditions of every claim: not ahead of the database's clock (a host whose
+    clock jumped must not take the set's next instants from the others), and
+    not after the caller gave up."""
+    i, now = instants, db_now()
+    instant = sa.bindparam("b_instant", type_=sa.Double)
+    row = sa.select(
+        sa.bindparam("b_key", type_=sa.String),
+        instant,
+        sa.bindparam("b_owner", type_=sa.String),
+        now,
+    ).where(
+        instant <= now + sa.bindparam("b_early", type_=sa.Double),
+        now < db_received() + sa.bindparam("b_timeout", type_=sa.Double),
+    )
+    new = insert(i).from_select(["key", "instant", "owner", "claimed_at"], row)
+    return new.on_conflict_do_update(
+        index_elements=[i.c.key],
+        set_={
+            "instant": new.excluded.instant,
+            "owner": new.excluded.owner,
+            "claimed_at": new.excluded.claimed_at,
+        },
+        where=i.c.instant < new.excluded.instant,
+    ).returning(i.c.key)
 
 
 def _wanted(dialect: str) -> Any:

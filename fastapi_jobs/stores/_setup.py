@@ -54,13 +54,14 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
     optional = {
         tables.handoffs.name: "the hand-offs' outbox",
         tables.schedules.name: "the schedules made at run time",
+        tables.instants.name: "the instants claimed for sets of jobs",
     }
     absent = {name for name in optional if name in missing}
     if not create and absent:
         # Only what uses them fails on their absence (hand-offs to queues that
         # need an outbox; schedules made at run time, refused with the table's
-        # name): a store made by a release before them keeps working for
-        # everything else.
+        # name; without the instants, every instance sends every claim): a
+        # store made by a release before them keeps working for everything else.
         missing = [name for name in missing if name not in absent]
         if missing:  # said with the others, to be made with them
             missing += [f"{name} ({optional[name]})" for name in sorted(absent)]

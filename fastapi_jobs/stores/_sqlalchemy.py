@@ -127,6 +127,7 @@ class SQLAlchemyStore(StoreClaims):
         absent = await ensure_tables(conn, self.tables, create=self._create_tables)
         present = self.schedules.present = self.tables.schedules.name not in absent
         self._statements.schedules = present
+        self._statements.instants = self.tables.instants.name not in absent
         self._statements.batches.prepare(conn.dialect, self._statements.hot)
 
     async def close(self) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._store import Ended
 from ._batches import Compiled, rows_cte
-from ._claim_statements import RUN_COLUMNS, claim, reclaim, replaced_runs
+from ._claim_statements import RUN_COLUMNS, claim, claim_instant, reclaim, replaced_runs
 from ._db_clock import db_now
 from ._tables import Tables
 
@@ -26,6 +26,9 @@ __all__ = ["Statements"]
 
 _OUTBOX_KEPT = 86400.0
 _REMOVED_KEPT = 86400.0
+# A set of jobs whose instant was not claimed for this long has its row
+# deleted: it is made again at the set's next claim, and decides nothing.
+_INSTANT_KEPT = 86400.0
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -50,18 +53,29 @@ class Statements:
         self.prune_removed = sa.delete(s).where(
             s.c.removed == sa.true(), s.c.updated_at < sa.bindparam("b_before", type_=sa.Double)
         )
+        i = tables.instants
+        self.prune_instants = sa.delete(i).where(
+            i.c.instant < sa.bindparam("b_before", type_=sa.Double)
+        )
         # SQLite writes a release's history in a statement of its own, first.
         self.release_in_two = history and dialect == "sqlite"
         self.batches = Compiled(self._batch)
-        self.hot = (
-            ("claim", "release", "released_runs") if self.release_in_two else ("claim", "release")
-        )
-        """The batch statements of every instant, compiled when the tables are checked."""
         self.schedules = True
         """The schedules table exists: claims check the versions of stored
         schedules against it (set when the tables are checked, before the
         claim statement is first compiled)."""
+        self.instants = True
+        """The instants table exists (set when the tables are checked): else
+        every claim is sent, as before it was made."""
         self._tables, self._insert, self._history = tables, insert, history
+
+    @property
+    def hot(self) -> tuple[str, ...]:
+        """The batch statements of every instant, compiled when the tables are checked."""
+        kinds = (
+            ("claim", "release", "released_runs") if self.release_in_two else ("claim", "release")
+        )
+        return (*kinds, "claim_instant") if self.instants else kinds
 
     async def prune(self, conn: AsyncConnection, *, history: int, max_age: float) -> None:
         """The retention of the history (its last ``history`` runs of each job, for
@@ -71,6 +85,8 @@ class Statements:
             # A removal's row is read by every instance within a heartbeat; one
             # away for longer reads every row again when it starts.
             await conn.execute(self.prune_removed, {"b_before": now - _REMOVED_KEPT})
+        if self.instants:
+            await conn.execute(self.prune_instants, {"b_before": now - _INSTANT_KEPT})
         # An outbox row refuses a second hand-off of its tick: kept as long as
         # the history, at least a day (a retry or re-claim is minutes away).
         await conn.execute(self.prune_outbox, {"b_before": now - max(max_age, _OUTBOX_KEPT)})
@@ -87,6 +103,8 @@ class Statements:
                 manual=kind == "claim_manual",
                 take_over=kind == "claim_replace",
             )
+        if kind == "claim_instant":
+            return claim_instant(t.instants, self._insert)
         if kind == "replaced_runs":
             return replaced_runs(t.claims, t.pauses, t.runs, self.dialect, schedules)
         if kind == "reclaim":

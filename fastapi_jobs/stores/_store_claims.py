@@ -2,7 +2,12 @@
 it): a claim of many jobs in one operation, freed if its caller gives up; the
 re-claim of abandoned hand-off ticks; releases in batches; and both at once,
 the releases first, in one operation (`release_then_claim`), which is how the
-scheduler sends an instant's claims with the releases gathered before them."""
+scheduler sends an instant's claims with the releases gathered before them.
+
+A claim may name an ``instant``: a set of jobs due together whose claims are
+sent only by the instance that claims the instant first (see
+``_claim_statements.claim_instant``); the others' claims of that set are
+skipped, in the same operation, without a row sent."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from .._errors import StoreError
 from .._store import Ended, Instance
 from . import _reads
 from ._batches import chunks, claim_all, claim_taking_over, each_row_alone_on_error, encode
+from ._db_clock import sqlite_now
 from ._operations import NOT_OPEN, Operations, transaction
 from ._statements import Statements, ended_rows
 from ._tables import Tables
@@ -30,6 +36,7 @@ _Fences = dict[str, int | Exception]
 _Reclaimed = dict[str, int | tuple[float, float] | Exception]
 _Versions = Mapping[str, int] | None
 _ClaimOp = Callable[[_Fences, dict[str, float], AsyncConnection], Awaitable[_Fences]]
+_Instant = tuple[str, float, Collection[str]] | None
 
 # How far ahead of the database's clock a tick may be claimed. Healthy hosts claim at
 # or after the tick; this absorbs timers that fire a hair early and the offset's error.
@@ -47,6 +54,9 @@ class StoreClaims:
     _instance: Instance | None
     _sql: Statements | None
 
+    instant_claims = True
+    """`claim` and `release_then_claim` take ``instant=``: see `claim`."""
+
     async def claim(
         self,
         wanted: Sequence[tuple[str, float]],
@@ -54,12 +64,21 @@ class StoreClaims:
         manual: bool = False,
         versions: _Versions = None,
         replace: Collection[str] = (),
+        instant: _Instant = None,
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
-        thousand rows); see `fastapi_jobs.stores.Store.claim`."""
+        thousand rows); see `fastapi_jobs.stores.Store.claim`.
+
+        ``instant``: ``(key, at, jobs)``, where ``jobs`` (of ``wanted``, each for
+        the tick ``at``) are the set of jobs that come due together at ``at``,
+        named by ``key``: their claims are sent only if this instance is the
+        first to claim ``at`` for that set; else they are skipped, as if
+        claimed elsewhere (the instance that claimed the instant claims them).
+        Without the instants table (``create_tables=False``, not migrated),
+        every claim is sent."""
         if not wanted:
             return {}
-        return await self._claiming(self._claim_op(wanted, manual, versions, replace))
+        return await self._claiming(self._claim_op(wanted, manual, versions, replace, instant))
 
     async def release_then_claim(
         self,
@@ -69,6 +88,7 @@ class StoreClaims:
         manual: bool = False,
         versions: _Versions = None,
         replace: Collection[str] = (),
+        instant: _Instant = None,
     ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
         """`release` ``ended``, then `claim` ``wanted``, in one operation (one
         connection, one deadline): the refused releases by job, and the fences.
@@ -77,7 +97,7 @@ class StoreClaims:
         (nothing claimed; the releases may have gone through: sent again, they
         change nothing)."""
         rows = ended_rows(ended)
-        claim = self._claim_op(wanted, manual, versions, replace) if wanted else None
+        claim = self._claim_op(wanted, manual, versions, replace, instant) if wanted else None
 
         async def both(
             fences: _Fences, asked: dict[str, float], conn: AsyncConnection
@@ -95,8 +115,11 @@ class StoreClaims:
         manual: bool,
         versions: _Versions,
         replace: Collection[str],
+        instant: _Instant = None,
     ) -> _ClaimOp:
         """The claim of ``wanted`` as ``op(fences, asked, conn)``, for `_claiming`."""
+        if instant is not None:
+            return partial(self._claim_at_instant, wanted, manual, versions, replace, instant)
         rows: Sequence[tuple[Any, ...]] = wanted
         if versions:  # a stored schedule's row has a third value: its version
             rows = [(j, t) if j not in versions else (j, t, versions[j]) for j, t in wanted]
@@ -105,6 +128,33 @@ class StoreClaims:
             return partial(claim_taking_over, *taking, history=bool(self.history))
         kind = "claim_manual" if manual else "claim"
         return partial(self._claim_all, kind, chunks(rows))
+
+    async def _claim_at_instant(
+        self,
+        wanted: Sequence[tuple[str, float]],
+        manual: bool,
+        versions: _Versions,
+        replace: Collection[str],
+        instant: tuple[str, float, Collection[str]],
+        fences: _Fences,
+        asked: dict[str, float],
+        conn: AsyncConnection,
+    ) -> _Fences:
+        """The instant's claim, then the claims of ``wanted``: all of them if
+        this instance claimed the instant (or the store has no instants table:
+        known once the operation has checked the tables), else only those
+        outside its set."""
+        key, at, jobs = instant
+        sql = self._statements
+        params = {**self._claim_params(), "b_key": key, "b_instant": at, "b_sent": sqlite_now()}
+        if (
+            sql.instants
+            and (await sql.batches.execute(conn, "claim_instant", params)).first() is None
+        ):
+            wanted = [row for row in wanted if row[0] not in jobs]
+            if not wanted:
+                return fences
+        return await self._claim_op(wanted, manual, versions, replace)(fences, asked, conn)
 
     async def reclaim(self, wanted: Sequence[tuple[str, float]]) -> _Reclaimed:
         """Claim again each ``(job, tick)`` that is claimed, never released and

@@ -1,4 +1,4 @@
-"""The store's six tables, their names, and their DDL.
+"""The store's seven tables, their names, and their DDL.
 
 - ``<prefix>claims``: one row per job. ``last_tick`` only moves forward;
   ``fence`` grows by one per claim; ``lease_until`` is NULL once released;
@@ -18,6 +18,12 @@
   one row per name; ``version`` grows with each change (a removal leaves the
   row, marked ``removed``, so that every instance reads it), and a claim of a
   stored schedule's tick is made only under the version the row has.
+- ``<prefix>instants``: one row per set of jobs that come due together
+  (``key``, a digest of their names), holding the last instant an instance
+  claimed for the whole set (``_claim_statements.claim_instant``). Only the
+  instance that claims an instant sends the set's claims; the others skip
+  theirs. It saves work and decides nothing: each job's own claim still keeps
+  a tick from running twice. Pruned after a day unused.
 
 Times are stored as POSIX seconds (double precision) so that both databases
 compare them alike. The SQL that works on the tables is in ``_statements`` and
@@ -53,6 +59,7 @@ class Tables(NamedTuple):
     runs: sa.Table
     handoffs: sa.Table
     schedules: sa.Table
+    instants: sa.Table
 
 
 _LONGEST = "ix_{}runs_job"
@@ -65,7 +72,7 @@ _MADE: weakref.WeakKeyDictionary[sa.Table, str] = weakref.WeakKeyDictionary()
 """The tables made here, and their prefix: a table of the app's under the same
 name is told from them. Not in ``Table.info``: Alembic writes that into every
 migration it generates."""
-_KINDS = ("claims", "instances", "pauses", "runs", "handoffs", "schedules")
+_KINDS = ("claims", "instances", "pauses", "runs", "handoffs", "schedules", "instants")
 
 
 def check_prefix(prefix: object, context: str = "") -> str:
@@ -147,7 +154,8 @@ def tables(prefix: str, metadata: sa.MetaData | None = None) -> Tables:
         sa.Index(conv(_LONGEST.format(prefix)), "job", "id"),
     )
     return Tables(
-        metadata, claims, instances, pauses, runs, _outbox(table), _schedules(table, prefix)
+        *(metadata, claims, instances, pauses, runs),
+        *(_outbox(table), _schedules(table, prefix), _instants(table)),
     )
 
 
@@ -181,6 +189,16 @@ def _schedules(table: Callable[..., sa.Table], prefix: str) -> sa.Table:
     )
 
 
+def _instants(table: Callable[..., sa.Table]) -> sa.Table:
+    return table(
+        "instants",
+        sa.Column("key", sa.String(64), primary_key=True),  # a digest of the set's names
+        sa.Column("instant", sa.Double, nullable=False),  # only moves forward
+        sa.Column("owner", sa.String(200), nullable=False),  # the instance that claimed it
+        sa.Column("claimed_at", sa.Double, nullable=False),
+    )
+
+
 def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) -> sa.Table:
     # BLANK_SCHEMA: where the store looks for its tables (the connection's
     # default schema), whatever default schema the app's MetaData has.
@@ -190,7 +208,7 @@ def _table(metadata: sa.MetaData, prefix: str, kind: str, *items: SchemaItem) ->
 
 
 def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -> list[sa.Table]:
-    """Add the store's six tables (and their indexes) to the app's ``metadata``.
+    """Add the store's seven tables (and their indexes) to the app's ``metadata``.
 
     For apps whose schema is managed by migrations (Alembic): with the tables
     in the ``MetaData`` that ``env.py`` gives as ``target_metadata``,
@@ -216,7 +234,7 @@ def include_tables(metadata: sa.MetaData, table_prefix: str = "fastapi_jobs_") -
     several times in one process when commands are called from Python).
 
     Returns:
-        The six tables, in the order they are created.
+        The seven tables, in the order they are created.
 
     Raises:
         ConfigurationError: ``metadata`` is not a ``sqlalchemy.MetaData``,
