@@ -182,14 +182,16 @@ class Claims:
         self._ended.append(ended)
         wanted = self._wanted
         if wanted is not None:
+            self._wanted = None  # set once: the runs ending together gather behind it
             wanted.set()
 
     async def run(self) -> None:
         """The releases' task: sends what `release_soon` gathers, until cancelled."""
         try:
             while True:
-                self._wanted = wanted = anyio.Event()
+                wanted = anyio.Event()
                 if not self._ended:
+                    self._wanted = wanted
                     await wanted.wait()
                 await anyio.sleep(GATHER)  # the others ending now join the batch
                 await self.flush()

@@ -98,16 +98,30 @@ class OffsetClock:
 
     def __init__(self, inner: Clock, offset: float = 0.0) -> None:
         self.inner = inner
-        self.offset = offset
         self.local: Callable[[], float] = inner.now
         """The reading the offset is added to."""
         self._steady = type(inner) is SystemClock
+        self._anchor = 0.0
         if self._steady:
-            anchor = time.time() - time.monotonic()
+            anchor = self._anchor = time.time() - time.monotonic()
             self.local = lambda: time.monotonic() + anchor
+        self.offset = offset
+
+    @property
+    def offset(self) -> float:
+        """Seconds the database's clock is ahead of `local`."""
+        return self._offset
+
+    @offset.setter
+    def offset(self, offset: float) -> None:
+        self._offset = offset
+        self._shift = self._anchor + offset  # now(), steady: one C call and an add
 
     def now(self) -> float:
-        return self.local() + self.offset
+        # Read twice per run: the monotonic clock directly, not through `local`.
+        if self._steady:
+            return time.monotonic() + self._shift
+        return self.local() + self._offset
 
     def sleep_until(self, ts: float) -> Awaitable[None]:
         if self._steady:

@@ -7,7 +7,9 @@ cancelled. Most runs end long before their first renewal is due, so a run
 costs an entry in a heap here, not a task of its own: one keeper task per
 scheduler sleeps until the earliest renewal due and sends it. An ended run's
 entry is dropped when it comes up, or when ended entries are half the heap
-(else jobs at a second leave ten ended leases each in it, a 30 s lease's third).
+(else jobs at a second leave ten ended leases each in it, a 30 s lease's third);
+the keeper sleeps until the earliest entry, ended or not, so that the runs held
+after it (nearly all) do not wake it.
 """
 
 from __future__ import annotations
@@ -97,12 +99,13 @@ class LeaseKeeper:
         try:
             async with anyio.create_task_group() as tg:
                 while True:
-                    while due and due[0][2].ended:
-                        heapq.heappop(due)
-                        self._ended -= 1
                     now = anyio.current_time()
                     if due and due[0][0] <= now:
-                        tg.start_soon(self._renew, heapq.heappop(due)[2])
+                        lease = heapq.heappop(due)[2]
+                        if lease.ended:
+                            self._ended -= 1
+                        else:
+                            tg.start_soon(self._renew, lease)
                         continue
                     self._wake_at = due[0][0] if due else math.inf
                     self._changed = changed = anyio.Event()
@@ -114,7 +117,10 @@ class LeaseKeeper:
 
     def _renew_at(self, lease: Lease, at: float) -> None:
         heapq.heappush(self._due, (at, next(self._order), lease))
+        # The keeper sleeps until the earliest entry, ended or not (popped when
+        # it comes up): a lease held after it, as most are, wakes nobody.
         if at < self._wake_at and self._changed is not None:
+            self._wake_at = at
             self._changed.set()
 
     async def _renew(self, lease: Lease) -> None:

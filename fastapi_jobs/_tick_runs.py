@@ -21,7 +21,7 @@ from ._concurrency import is_cancellation
 from ._guarded import GuardedRun
 from ._history import History
 from ._leases import Lease
-from ._results import Manual, Outcome, Ran, lease_lost, replaced
+from ._results import Manual, Ran, lease_lost, replaced
 from ._status import ErrorInfo
 from ._store import Ended
 
@@ -162,7 +162,11 @@ class TickRuns(GuardedRun):
         past = self.due if manual is not None and manual.past else None
         try:
             if scope is None:
-                ran = await self.attempts(self.due, state, manual, fence, started)
+                # self.attempts(), inlined: the hot path of a claimed run.
+                tick, asked = self.due, manual is not None
+                ran = await self.run(tick, state, manual=asked, fence=fence, started=started)
+                if ran.outcome != "ok" and self.job.retries:
+                    ran = await self._retry(ran, tick, state, asked, fence)
             else:
                 with scope:  # absorbs the cancellation of a lost lease
                     ran = await self.attempts(self.due, state, manual, fence, started)
@@ -179,28 +183,32 @@ class TickRuns(GuardedRun):
                     self._lost_between_attempts(lease)
             # Cut at shutdown while its thread goes on, the claim stays held until
             # the lease runs out, so that no peer starts the job beside the thread.
-            elif not self.thread_running:
-                ended: tuple[str, int, Outcome, str | None, float, int, bool, float | None]
-                if ran is None:
-                    duration = max(0.0, self._clock.now() - started)
-                    by = self.replaced_by  # else cut by the app's stop
-                    error = None if by is None else str(ErrorInfo.of(replaced(by)))
-                    ended = (name, fence, "cancelled", error, duration, 1, manual is not None, past)
-                else:
-                    error = None if ran.error is None else str(ErrorInfo.of(ran.error))
-                    attempts = ran.attempts
-                    ended = (
-                        name,
-                        fence,
-                        ran.outcome,
-                        error,
-                        ran.duration,
-                        attempts,
-                        manual is not None,
-                        past,
-                    )
-                claims.release_soon(_new(Ended, ended))
+            elif self.thread_done is None or not self.thread_running:
+                claims.release_soon(self._ended(fence, ran, started, manual is not None, past))
         return ran
+
+    def _ended(
+        self, fence: int, ran: Ran | None, started: float, manual: bool, past: float | None
+    ) -> Ended:
+        """How the claimed run ``ran`` ended, for its release (None: cancelled)."""
+        if ran is None:
+            duration = max(0.0, self._clock.now() - started)
+            by = self.replaced_by  # else cut by the app's stop
+            error = None if by is None else str(ErrorInfo.of(replaced(by)))
+            ended = (self.job.name, fence, "cancelled", error, duration, 1, manual, past)
+        else:
+            error = None if ran.error is None else str(ErrorInfo.of(ran.error))
+            ended = (
+                self.job.name,
+                fence,
+                ran.outcome,
+                error,
+                ran.duration,
+                ran.attempts,
+                manual,
+                past,
+            )
+        return _new(Ended, ended)
 
     def _lost_between_attempts(self, lease: Lease) -> None:
         """The lease was lost while no attempt ran (waiting to retry): no run to

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from fastapi_jobs import ConfigurationError, ErrorInfo, JobContext, LeaseLostError, StoreError
 from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
@@ -143,12 +143,14 @@ async def test_releases_sent_together_share_a_statement_and_keep_their_own_outco
     assert a.running_on is None and b.running_on is None
 
 
+@pytest.mark.parametrize("listened", [True, False], ids=["listened", "driver"])
 async def test_batches_of_many_sizes_are_answered_right(
-    database_url: str, on_statement: Callable[[Callable[..., None]], None]
+    database_url: str, on_statement: Callable[[Callable[..., None]], None], listened: bool
 ) -> None:
     """Batches of 1 to 40 rows (more sizes than the store keeps compiled), each in
     one statement: every claim gets the right fence and every release frees the
-    right claim; a batch may mix ticks."""
+    right claim; a batch may mix ticks. Through SQLAlchemy (something listens to
+    the statements), and on asyncpg, without a listener, to the driver itself."""
     claims_sent: list[str] = []
 
     def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -156,7 +158,8 @@ async def test_batches_of_many_sizes_are_answered_right(
             claims_sent.append(statement)
 
     async with opened(database_url) as (store, _):
-        on_statement(seen)
+        if listened:
+            on_statement(seen)
         for size in range(1, 41):
             jobs = [f"j{k}" for k in range(size)]
             # j{k} joined at batch k + 1; one row a tick later than the others.
@@ -170,10 +173,47 @@ async def test_batches_of_many_sizes_are_answered_right(
                 == {}
             )
         view = await store.read()
-    assert len(claims_sent) == 40
+    assert len(claims_sent) == (40 if listened else 0)
     assert all(view.jobs[f"j{k}"].running_on is None for k in range(40))
     last = view.jobs["j0"].last_tick
     assert last is not None and last.timestamp() == 40.5
+
+
+async def test_claims_go_to_asyncpg_itself_unless_something_listens(
+    database_url: str,
+    on_statement: Callable[[Callable[..., None]], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On asyncpg, the claims and releases skip SQLAlchemy's cursor (~200 µs a
+    statement): unless something listens to the engine's statements (a tracing
+    instrumentation, SQL logging), which then sees them as it would any other."""
+    through: list[str] = []
+    exec_driver_sql = AsyncConnection.exec_driver_sql
+
+    async def spied(self: AsyncConnection, statement: str, *args: Any, **kwargs: Any) -> Any:
+        through.append(statement)
+        return await exec_driver_sql(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncConnection, "exec_driver_sql", spied)
+    listened: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        listened.append(statement)
+
+    def claims(statements: list[str]) -> int:
+        """The claim's and the release's statements (on SQLite, with its history
+        row written by a statement of its own, that one too)."""
+        kinds = ("INSERT INTO fastapi_jobs_claims", "UPDATE fastapi_jobs_claims")
+        return len([s for s in statements if any(kind in s for kind in kinds)])
+
+    async with opened(database_url) as (store, _):
+        await release1(store, "a", await claim1(store, "a", 1.0) or 0, "ok", None, 0.1)
+        direct = database_url.startswith("postgresql+asyncpg")
+        assert claims(through) == (0 if direct else 2)
+        through.clear()
+        on_statement(seen)
+        await release1(store, "a", await claim1(store, "a", 2.0) or 0, "ok", None, 0.1)
+    assert claims(through) == claims(listened) == 2
 
 
 async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> None:
