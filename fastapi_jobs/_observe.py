@@ -160,8 +160,10 @@ class Observers:
         # observes: metrics observe only the ends).
         self.wants_started = self.wants_finished = False
         # The one plain run_finished hook when it is the only one (the metrics'
-        # recorder, usually): called without _emit's loops (a tenth of a tick).
+        # recorder, usually): called without _emit's loops (a tenth of a tick);
+        # the recorder's own figures method, if it is that, without an event.
         self._sole_finished: Hook | None = None
+        self._sole_figures: Callable[[str, float, float, int, bool, float], None] | None = None
 
     def add(self, observer: object) -> None:
         hooks = {
@@ -182,6 +184,10 @@ class Observers:
         self.wants_finished = bool(self._sync["run_finished"] or self._async["run_finished"])
         sole = len(self._sync["run_finished"]) == 1 and not self._async["run_finished"]
         self._sole_finished = self._sync["run_finished"][0] if sole else None
+        # Only the library's recorder (fastapi_jobs.metrics) has run_figures.
+        owner = getattr(self._sole_finished, "__self__", None)
+        ours = type(owner).__module__ == "fastapi_jobs._recorders"
+        self._sole_figures = getattr(owner, "run_figures", None) if ours else None
 
     def __bool__(self) -> bool:
         return any(self._sync.values()) or any(self._async.values())
@@ -215,6 +221,10 @@ class Observers:
         error: BaseException | None,
     ) -> None:
         if self.wants_finished:
+            figures = self._sole_figures
+            if figures is not None:
+                figures(job, tick, started, attempt, manual, duration)
+                return
             instance = self.instance
             event = (job, tick, started, attempt, manual, fence, instance, outcome, duration, error)
             hook = self._sole_finished
