@@ -69,6 +69,16 @@ class Store(Protocol):
     ``ended`` and then the `claim` of ``wanted`` (``options`` as `claim`'s) in one
     call, returning ``(refused releases, fences)``. Where a store has it, the
     scheduler sends the releases it has gathered with its next claim, in one call.
+
+    Optional: ``instant_claims = True``, and then `claim` (and
+    ``release_then_claim``) take ``instant=(key, at, jobs)``: ``jobs`` (of
+    ``wanted``, each for the tick ``at``) are the set of jobs due together at
+    ``at`` that ``key`` names (the same on every instance with the same set);
+    their claims are made only if no instance claimed ``at``, or a later
+    instant, for ``key`` (under the same conditions as a claim: not ahead of the
+    database's clock, not after the caller gave up), else they are left out of
+    the answer, as if held elsewhere. The others of ``wanted`` are claimed as
+    usual. The instant's claim only saves work: each job's own claim decides.
     """
 
     lease: float
