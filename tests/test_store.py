@@ -214,6 +214,14 @@ async def test_claims_go_to_asyncpg_itself_unless_something_listens(
         on_statement(seen)
         await release1(store, "a", await claim1(store, "a", 2.0) or 0, "ok", None, 0.1)
     assert claims(through) == claims(listened) == 2
+    if direct:  # and with SQLAlchemy's echo on, through SQLAlchemy too (it logs them)
+        through.clear()
+        async with opened(database_url, create_async_engine(database_url, echo=True)) as (
+            store,
+            _,
+        ):
+            await release1(store, "b", await claim1(store, "b", 3.0) or 0, "ok", None, 0.1)
+        assert claims(through) == 2
 
 
 async def test_a_claim_whose_caller_gave_up_is_released(database_url: str) -> None:
