@@ -227,10 +227,11 @@ async def test_instances_with_the_same_jobs_send_one_instants_claims(
     assert_accounted(ran, seen, JOBS)
     instants = window["fastapi_jobs_instants"]
     assert instants >= 2 * 6, window  # both claim each instant (10 in the window)
-    # An instance that wakes late for an instant (its loop stalled past the next
-    # tick) claims the latest tick job by job; otherwise one claim per instant.
+    # One claim per instant (the window's edges may cut an instant's statements
+    # in two: one more); an instance that wakes late for an instant (its loop
+    # stalled past the next tick) claims the latest tick job by job.
     late = len({(e.instance, e.tick) for e in seen if e.reason == "missed"})
-    assert window["fastapi_jobs_claims"] <= instants // 2 + 1 + late, (window, late)
+    assert window["fastapi_jobs_claims"] <= (instants + 1) // 2 + 1 + late, (window, late)
     lost = [e for e in seen if e.reason == "claimed_elsewhere"]
     assert len({(e.instance, e.tick) for e in lost}) >= 6, lost
 
