@@ -111,7 +111,9 @@ class Claims:
         store = self.store
         given = self._arguments(wanted, manual)
         if instant is not None:
-            given["instant"] = instant
+            instant = self._without_unsettled(instant)
+            if instant is not None:
+                given["instant"] = instant
         try:
             with anyio.fail_after(store.timeout):
                 both = getattr(store, "release_then_claim", None)
@@ -132,6 +134,24 @@ class Claims:
                 exc if told else repr(exc),
             )
             return exc
+
+    def _without_unsettled(
+        self, instant: tuple[str, float, frozenset[str]]
+    ) -> tuple[str, float, frozenset[str]] | None:
+        """``instant`` without the jobs whose last release has not reached the
+        store yet (gathered, on its way, or failed and to be sent again): their
+        leases are this instance's until it does, so whichever instance claims
+        the instant would find them held, and this one would skip them. They
+        are claimed here one by one, after their releases (each job's own claim
+        decides between the two)."""
+        if not (self._unreleased or self._ended or self._sending):
+            return instant
+        unsettled = {*self._unreleased, *(row.job for row in self._ended), *self._sending}
+        key, at, jobs = instant
+        if unsettled.isdisjoint(jobs):
+            return instant
+        jobs = jobs - unsettled
+        return (key, at, jobs) if jobs else None
 
     def _arguments(self, wanted: list[tuple[str, float]], manual: bool) -> dict[str, Any]:
         """The claim's arguments, only those in use: a store of another library

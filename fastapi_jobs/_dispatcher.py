@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator
 from itertools import islice
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from ._claim_answers import answered
 from ._claims import Claims
 from ._clock import Clock
 from ._concurrency import backend
@@ -219,13 +220,17 @@ class Dispatcher:
             last_bucket.append(runner)
             stats = runner.stats
             stats.next_run_at = nxt
-            if runner.grouped:
-                together.append(runner.job.name)
             if runner.paused_until > tick:
                 # A pause taken elsewhere reaches the claim too; an every_instance
                 # job whose pause the store has not told yet fails closed.
                 runner.skipped("store_unavailable" if runner.pause_unknown else "paused", tick)
                 continue
+            if runner.grouped:
+                # Paused here, a job is out of the set: an instance that has not
+                # yet heard of a resume made elsewhere has another set, so the
+                # instance that has claims the job by itself. Running here, it is
+                # in (its lease holds the tick for the cluster).
+                together.append(runner.job.name)
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
                 # Dropped, unless the job's overlap policy keeps it for after the run.
@@ -276,7 +281,7 @@ class Dispatcher:
                 instant = claims.instant(together, at, jobs)
             claimed_at = anyio.current_time()  # the leases count from the claim's sending
             fences = await claims.claim([(r.job.name, r.due) for r in runners], instant=instant)
-            won = self._answered(pending, fences, claimed_at, watching)
+            won = answered(pending, fences, claimed_at, reclaims, watching)
             pending = iter(won)
             await _wake(pending, checkpoint)
         finally:
@@ -284,65 +289,6 @@ class Dispatcher:
             # again, and the claims made for them are released.
             for runner in pending:
                 runner.settle()
-
-    def _answered(
-        self,
-        pending: Iterator[JobRunner],
-        fences: Mapping[str, int | Exception] | Exception,
-        claimed_at: float,
-        watching: bool,
-    ) -> list[JobRunner]:
-        """The runners of ``pending`` whose claim was made (their fence set);
-        the others are settled and their ticks counted as skipped."""
-        won: list[JobRunner] = []
-        if isinstance(fences, Exception):
-            for runner in pending:
-                runner.settle()
-                runner.skipped("store_unavailable", runner.due)  # logged by claim()
-            return won
-        reclaims = self.reclaims
-        for runner in pending:
-            fence = fences.get(runner.job.name)
-            if isinstance(fence, int):
-                runner.fence, runner.claimed_at = fence, claimed_at
-                won.append(runner)
-                if watching:
-                    reclaims.forget(runner.job.name)  # type: ignore[union-attr]
-            elif (
-                fence is None
-                and runner.fence is None
-                and runner.manual is None
-                and runner.observers is None
-                and runner.job.enqueue is None
-                and not runner.stopping
-            ):
-                # settle() and skipped("claimed_elsewhere"), inlined: every
-                # instance but one passes here for every job of the instant.
-                runner.in_flight = runner.woken = False
-                stats = runner.stats
-                counts = stats.skipped
-                if counts is None:
-                    counts = stats.skipped = {}
-                counts["claimed_elsewhere"] = counts.get("claimed_elsewhere", 0) + 1
-            else:
-                self._not_claimed(runner, fence)
-        return won
-
-    def _not_claimed(self, runner: JobRunner, fence: Exception | None) -> None:
-        runner.settle()
-        if fence is None:
-            runner.skipped("claimed_elsewhere", runner.due)
-            if runner.job.enqueue is not None and self.reclaims is not None:
-                # Its claimer may die before enqueuing: watch the row.
-                self.reclaims.saw(runner, runner.due, anyio.current_time())
-            return
-        runner.skipped("store_unavailable", runner.due)
-        runner.logger.warning(
-            "job %r: the store refused its claim, tick skipped: %r",
-            runner.job.name,
-            fence,
-            extra={"job": runner.job.name},
-        )
 
     async def _reclaim_first(
         self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]

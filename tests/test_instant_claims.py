@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import anyio
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -24,6 +25,7 @@ from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import open_store
 from .support.instances import Seeing, engine_for, instance
+from .support.postgres import PostgresServer
 
 JOBS = [f"job{i}" for i in range(GROUP_FROM + 2)]
 KEY = "k" * 32
@@ -174,9 +176,13 @@ INTERVAL = 0.2
 
 
 def ticking_many(
-    engine: Any, ran: list[tuple[str, float]], names: list[str], seen: list[TickSkipped]
+    engine: Any,
+    ran: list[tuple[str, float]],
+    names: list[str],
+    seen: list[TickSkipped],
+    **store_options: object,
 ) -> Scheduler:
-    scheduler = instance(engine)
+    scheduler = instance(engine, **store_options)
     scheduler.add_observer(Seeing(seen))
     for name in names:
 
@@ -247,3 +253,132 @@ async def test_instances_whose_jobs_differ_each_run_their_own(cluster_url: str) 
         async with old.running({"db": engine}), new.running({"db": engine}):
             await anyio.sleep(2.0)
     assert_accounted(ran, seen, [*JOBS, "added"])
+
+
+class LateReleases(SQLAlchemyStore):
+    """A store whose releases fail while ``failing`` (a connection lost, say),
+    and whose claims that carry releases reach the database a moment late: the
+    instance whose releases did not land is the slower to claim the next instant."""
+
+    failing: ClassVar[list[bool]] = []  # shared by the instances of a test
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        if self.failing:
+            raise ConnectionError("the release was lost")
+        return await super().release(ended)
+
+    async def release_then_claim(
+        self, ended: Sequence[Ended], wanted: Sequence[tuple[str, float]], **given: Any
+    ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
+        await anyio.sleep(0.03)
+        return await super().release_then_claim(ended, wanted, **given)
+
+
+async def test_a_release_that_did_not_land_costs_no_tick(cluster_url: str) -> None:
+    """The instance that ran a set's tick and could not release it claims the
+    set's next tick job by job, after its releases: the other instance, claiming
+    the instant first, finds those jobs' leases still held; skipping them as the
+    loser of the instant would lose the tick (the newcomer's finding)."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    LateReleases.failing = []
+    async with engine_for(cluster_url) as engine:
+        instances = []
+        for _ in range(2):
+            scheduler = Scheduler(store=LateReleases(lambda state: state["db"]), shutdown_timeout=5)
+            scheduler.add_observer(Seeing(seen))
+            for name in JOBS:
+
+                async def job(ctx: JobContext) -> None:
+                    ran.append((ctx.name, ctx.tick.timestamp()))
+
+                scheduler.add_job(job, Every(seconds=INTERVAL), name=name)
+            instances.append(scheduler)
+        a, b = instances
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await anyio.sleep(0.5)
+            for _ in range(3):  # a release lost, then the tick after it
+                LateReleases.failing.append(True)
+                await anyio.sleep(INTERVAL)
+                LateReleases.failing.clear()
+                await anyio.sleep(2 * INTERVAL)
+            await anyio.sleep(0.3)
+    assert_accounted(ran, seen, JOBS)
+
+
+async def test_a_resume_made_elsewhere_is_run_by_whoever_heard_of_it(cluster_url: str) -> None:
+    """Paused here, a job is out of this instance's set: an instance that has
+    heard of a resume made elsewhere (its heartbeat is a minute away here) has
+    another set, and claims the job itself; it loses no tick to an instance
+    that still thinks it paused."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    async with engine_for(cluster_url) as engine:
+        a, b = (ticking_many(engine, ran, JOBS, seen, heartbeat=60) for _ in range(2))
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await a.pause(JOBS[3])
+            await b.resume(JOBS[3])  # a hears of it in a minute
+            resumed = time.time()
+            await anyio.sleep(1.5)
+    assert a.job_status(JOBS[3]).paused and not b.job_status(JOBS[3]).paused
+    after = {tick for name, tick in ran if tick > resumed + INTERVAL}
+    for tick in sorted(after)[:-1]:  # the last one may have been cut by the stop
+        assert (JOBS[3], tick) in set(ran), (tick, sorted(t for n, t in ran if n == JOBS[3]))
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_kept_connection_closed_by_the_server_costs_no_tick(
+    postgres: PostgresServer, driver: str
+) -> None:
+    """The database ended the store's kept connection (a restart, a failover, a
+    DBA): the next claim takes another one, as the pool's own pre-ping would.
+    asyncpg knows at once; psycopg learns by a ping, with pool_pre_ping=True."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    engine = create_async_engine(url, pool_pre_ping=driver == "psycopg")
+    other = create_async_engine(url)
+    try:
+        async with open_store(engine) as store:
+            assert await store.claim([("digest", 1.0)]) == {"digest": 1}
+            assert store._operations._kept is not None
+            async with other.connect() as conn:
+                ended = await conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                assert ended.all()
+            await anyio.sleep(0.3)
+            await release_all(store, {"digest": 1})
+            assert await store.claim([("digest", 2.0)]) == {"digest": 2}
+    finally:
+        await other.dispose()
+        await engine.dispose()
+
+
+async def test_an_instants_table_made_wrong_is_not_used(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``create_tables=False`` and an instants table a migration made without a
+    column: claims go on as without the table (it only saves work), and the
+    store says why it does not use it."""
+    engine = create_async_engine(database_url)
+    tick = time.time() - 1
+    wanted = [(j, tick) for j in JOBS]
+    try:
+        async with open_store(engine) as made:
+            pass
+        name = made.tables.instants.name
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(f"DROP TABLE {name}")
+            await conn.exec_driver_sql(f"CREATE TABLE {name} (key VARCHAR(64) PRIMARY KEY)")
+        with caplog.at_level(logging.WARNING, logger="fastapi_jobs.stores"):
+            async with (
+                open_store(engine, create_tables=False) as a,
+                open_store(engine, create_tables=False) as b,
+            ):
+                assert sorted(await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))) == JOBS
+                assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
+    finally:
+        await engine.dispose()
+    assert f"table {name} lacks column(s) instant, owner, claimed_at" in caplog.text

@@ -146,8 +146,8 @@ class Compiled:
 
 def _watched(conn: AsyncConnection) -> bool:
     """Whether anything sees the statements of ``conn``: SQLAlchemy's echo, or a
-    listener (SQL logging, a tracing instrumentation, the tests' counters).
-    Their statements then go through SQLAlchemy, which tells them."""
+    listener (SQL logging, a tracing instrumentation, the tests' counters, an
+    error handler). Their statements then go through SQLAlchemy, which tells them."""
     sync = conn.sync_connection
     if sync is None:
         return True
@@ -156,6 +156,7 @@ def _watched(conn: AsyncConnection) -> bool:
         getattr(sync, "_echo", True)
         or dispatch.before_cursor_execute
         or dispatch.after_cursor_execute
+        or sync.dialect.dispatch.handle_error
     )
 
 
@@ -178,7 +179,8 @@ async def _on_asyncpg(conn: AsyncConnection, sql: str, args: tuple[object, ...])
         closed = driver.is_closed()
         if closed:
             await conn.invalidate()
-        raise sa.exc.DBAPIError(sql, args, exc, connection_invalidated=closed) from exc
+        hide = conn.sync_engine.hide_parameters
+        raise sa.exc.DBAPIError(sql, args, exc, hide, connection_invalidated=closed) from exc
 
 
 # The SQLSTATE classes that a single row's values can cause: 22 data exception

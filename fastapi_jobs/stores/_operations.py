@@ -103,6 +103,10 @@ class Operations:
         conn = self._kept
         try:
             async with asyncio.timeout(2 * self.timeout):
+                if conn is not None and not await self._alive(conn):
+                    self._kept = None
+                    await _drop(conn)
+                    conn = None
                 if conn is None:
                     conn = self._kept = await self.engine.connect()
                 return await op(conn)
@@ -121,6 +125,24 @@ class Operations:
                 self.spawn(self.let_go())  # the app needs its pool now
             else:
                 self._keep_for(KEEP)
+
+    async def _alive(self, conn: AsyncConnection) -> bool:
+        """Whether the kept connection may be used again, checked as the pool
+        checks its own at checkout: a connection its driver knows is closed
+        (asyncpg sees a server's goodbye at once) is not; with
+        ``pool_pre_ping=True``, one that does not answer a ping is not either
+        (psycopg learns of a closed connection only by using it). Otherwise a
+        database restart or a failover would cost a tick on every instance."""
+        if _known_closed(conn):
+            return False
+        assert self.engine is not None
+        if not getattr(self.engine.pool, "_pre_ping", False):
+            return True
+        try:
+            await conn.run_sync(_ping)
+        except Exception:  # noqa: BLE001 - any failure: a fresh connection instead
+            return False
+        return True
 
     def _keep_for(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -304,6 +326,25 @@ def _spare(pool: sa.Pool) -> bool:
     if not isinstance(pool, sa.pool.QueuePool):
         return True  # kept only where _roomy: NullPool, which has no limit
     return 2 * pool.checkedout() <= _capacity(pool)
+
+
+def _known_closed(conn: AsyncConnection) -> bool:
+    """Whether the driver already knows ``conn`` is closed (no round trip)."""
+    sync = conn.sync_connection
+    if sync is None or sync.invalidated or sync.closed:
+        return True
+    driver = sync.connection.driver_connection
+    is_closed = getattr(driver, "is_closed", None)  # asyncpg
+    if callable(is_closed):
+        return bool(is_closed())
+    return bool(getattr(driver, "closed", False) or getattr(driver, "broken", False))  # psycopg
+
+
+def _ping(sync: sa.Connection) -> None:
+    """The dialect's own ping (what ``pool_pre_ping`` sends at checkout)."""
+    dbapi = sync.connection.dbapi_connection
+    if dbapi is None or not sync.dialect.do_ping(dbapi):
+        raise ConnectionError("the database did not answer a ping")
 
 
 async def _drop(conn: AsyncConnection) -> None:

@@ -48,14 +48,12 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
         for column in table.columns
         if column.name not in found[table.name]
     ]
+    if not create:
+        lacking = _unless_instants(tables.instants.name, lacking, found)
     if lacking:  # first: a table of the app's is said before the tables to make
         await _add_columns(conn, lacking, read, create=create)
     missing = [name for name in names if name not in found]
-    optional = {
-        tables.handoffs.name: "the hand-offs' outbox",
-        tables.schedules.name: "the schedules made at run time",
-        tables.instants.name: "the instants claimed for sets of jobs",
-    }
+    optional = _optional(tables)
     absent = {name for name in optional if name in missing}
     if not create and absent:
         # Only what uses them fails on their absence (hand-offs to queues that
@@ -87,6 +85,34 @@ async def ensure_tables(conn: AsyncConnection, tables: Tables, *, create: bool) 
             await asyncio.sleep(random.uniform(0.02, 0.1) * attempt)
     logger.info("created table(s) %s", ", ".join(missing))
     return set()
+
+
+def _optional(tables: Tables) -> dict[str, str]:
+    """The tables whose absence only what uses them notices, and what that is."""
+    return {
+        tables.handoffs.name: "the hand-offs' outbox",
+        tables.schedules.name: "the schedules made at run time",
+        tables.instants.name: "the instants claimed for sets of jobs",
+    }
+
+
+def _unless_instants(
+    instants: str, lacking: list[tuple[sa.Table, sa.Column[object]]], found: dict[str, set[str]]
+) -> list[tuple[sa.Table, sa.Column[object]]]:
+    """``lacking`` without the instants table's columns: a table of instants a
+    migration made wrong is left unused (as if it were not there: it only saves
+    work), not a reason to stop the claims."""
+    missing = [column.name for table, column in lacking if table.name == instants]
+    if not missing:
+        return lacking
+    logger.warning(
+        "table %s lacks column(s) %s (create_tables=False): not used; every instance "
+        "claims every job's tick until a migration makes it as SQLAlchemyStore.ddl() says",
+        instants,
+        ", ".join(missing),
+    )
+    del found[instants]
+    return [(table, column) for table, column in lacking if table.name != instants]
 
 
 def _addable(column: sa.Column[object]) -> bool:

@@ -127,7 +127,13 @@ class SQLAlchemyStore(StoreClaims):
         absent = await ensure_tables(conn, self.tables, create=self._create_tables)
         present = self.schedules.present = self.tables.schedules.name not in absent
         self._statements.schedules = present
-        self._statements.instants = self.tables.instants.name not in absent
+        instants = self._statements.instants = self.tables.instants.name not in absent
+        if not instants:
+            logger.info(
+                "no table %s (create_tables=False): every instance claims every job's tick; "
+                "make it with the app's migrations to have jobs due together claimed once",
+                self.tables.instants.name,
+            )
         self._statements.batches.prepare(conn.dialect, self._statements.hot)
 
     async def close(self) -> None:
