@@ -116,10 +116,13 @@ class Claims:
                 given["instant"] = instant
         try:
             with anyio.fail_after(store.timeout):
+                if self._sending:
+                    # Their releases on their way: sent with this claim if they fail.
+                    await self._sent_for({job for job, _ in wanted})
                 both = getattr(store, "release_then_claim", None)
                 if both is not None and (self._unreleased or self._ended):
                     return await self._release_then_claim(both, wanted, given)
-                if self._unreleased or self._ended or self._sending:
+                if self._unreleased or self._ended:
                     await self._release_first({job for job, _ in wanted})
                 return await store.claim(wanted, **given)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
@@ -172,11 +175,7 @@ class Claims:
         given: dict[str, Any],
     ) -> Mapping[str, int | Exception]:
         """Send every release gathered (and those that failed before) with the
-        claim, in one call; the releases of ``wanted``'s jobs already on their
-        way are waited for first."""
-        jobs = {job for job, _ in wanted}
-        while not self._sending.isdisjoint(jobs):
-            await self._sent.wait()
+        claim, in one call."""
         rows = [*self._unreleased.values(), *self._ended]
         self._ended = []
         refused, fences = await self._sending_rows(rows, partial(both, rows, wanted, **given))
@@ -184,17 +183,23 @@ class Claims:
             self._refused(refused)
         return fences
 
+    async def _sent_for(self, jobs: set[str]) -> None:
+        """Wait until no release of ``jobs`` is on its way. Waited for before
+        the claim's own releases are gathered: one that fails is then among
+        them (its job's lease is this instance's until it lands, and a claim
+        sent without it would find the job held)."""
+        while not self._sending.isdisjoint(jobs):
+            await self._sent.wait()
+
     async def _release_first(self, jobs: set[str]) -> None:
         """Before claiming ``jobs``: send the releases that failed before and the
-        gathered ones of these jobs; wait for those of them on their way."""
+        gathered ones of these jobs."""
         ended = [row for row in self._ended if row.job in jobs]
         if ended:
             self._ended = [row for row in self._ended if row.job not in jobs]
         rows = [*self._unreleased.values(), *ended]
         if rows:
             await self._send(rows)
-        while not self._sending.isdisjoint(jobs):
-            await self._sent.wait()
 
     def release_soon(self, ended: Ended) -> None:
         """Queue the release of one claim; `run` sends it within ``GATHER``."""

@@ -5,6 +5,7 @@ short intervals (the database's clock decides leases)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -17,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fastapi_jobs import JobContext, Scheduler
-from fastapi_jobs.stores import Ended, SQLAlchemyStore
+from fastapi_jobs._claims import Claims
+from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 from .conftest import claim1, open_store
 from .support.instances import engine_for
@@ -85,6 +87,55 @@ async def test_release_then_claim_frees_the_runs_before_and_claims_in_one_call(
         assert (refused, fences) == ({}, {})
         assert [r.outcome for r in await store.runs("a", 5)] == ["ok"]
         assert await store.last_tick("a") == 101.0
+
+
+class CutRelease(SQLAlchemyStore):
+    """A store whose first release waits for ``cut``, then fails (the connection
+    lost under it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sending = anyio.Event()
+        self.cut = anyio.Event()
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        if not self.sending.is_set():
+            self.sending.set()
+            await self.cut.wait()
+            raise ConnectionError("the connection was lost under the release")
+        return await super().release(ended)
+
+
+async def test_a_release_that_fails_while_the_next_claim_waits_goes_with_it(
+    database_url: str,
+) -> None:
+    """A job's next claim comes while its release is on its way (the releases'
+    task sent it), and that release fails: the claim sends it first and claims
+    the tick. Sent without it, the claim found the job held by this instance's
+    own lease and the tick was lost everywhere (the hostile user's finding: a
+    store locked a little longer than its timeout)."""
+    async with engine_for(database_url) as engine:
+        store = CutRelease(engine)
+        await store.open({}, Instance())
+        try:
+            claims = Claims(store, logging.getLogger("tests.claim_rides"))
+            assert await claims.claim([("a", 100.0)]) == {"a": 1}
+            claims.release_soon(Ended("a", 1, "ok", None, 0.1))
+            answers: list[Any] = []
+
+            async def claim_next() -> None:
+                answers.append(await claims.claim([("a", 101.0)]))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(claims.flush)
+                await store.sending.wait()
+                tg.start_soon(claim_next)
+                await anyio.wait_all_tasks_blocked()  # the claim waits for the release
+                store.cut.set()
+            assert answers == [{"a": 2}]
+            assert [r.outcome for r in await store.runs("a", 5)] == ["ok"]
+        finally:
+            await store.close()
 
 
 async def test_a_release_with_no_claim_soon_is_sent_at_once(database_url: str) -> None:

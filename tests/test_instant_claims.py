@@ -312,9 +312,10 @@ async def test_a_resume_made_elsewhere_is_run_by_whoever_heard_of_it(cluster_url
     another set, and claims the job itself; it loses no tick to an instance
     that still thinks it paused."""
     ran: list[tuple[str, float]] = []
-    seen: list[TickSkipped] = []
+    seen: list[TickSkipped] = []  # b's
     async with engine_for(cluster_url) as engine:
-        a, b = (ticking_many(engine, ran, JOBS, seen, heartbeat=60) for _ in range(2))
+        a = ticking_many(engine, ran, JOBS, [], heartbeat=60)
+        b = ticking_many(engine, ran, JOBS, seen, heartbeat=60)
         async with a.running({"db": engine}), b.running({"db": engine}):
             await a.pause(JOBS[3])
             await b.resume(JOBS[3])  # a hears of it in a minute
@@ -322,7 +323,8 @@ async def test_a_resume_made_elsewhere_is_run_by_whoever_heard_of_it(cluster_url
             await anyio.sleep(1.5)
     assert a.job_status(JOBS[3]).paused and not b.job_status(JOBS[3]).paused
     # A tick b said it skipped (its store busy, itself late: a slow machine) is
-    # not lost to the sets; a's "paused" for the job is not b's word.
+    # not lost to the sets; "claimed elsewhere" would be (a does not claim it),
+    # and "paused" after the resume a resume not heard of.
     said = {
         round(event.tick + k * INTERVAL, 3)
         for event in seen
