@@ -134,25 +134,40 @@ async def test_a_store_made_before_the_instants_sends_every_claim(database_url: 
     """``create_tables=False`` on the tables of a release before the instants:
     every claim is sent (and decides, as before)."""
     engine = create_async_engine(database_url)
-    tick = time.time() - 1
-    wanted = [(j, tick) for j in JOBS]
     try:
-        async with open_store(engine) as made:
-            pass
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql(f"DROP TABLE {made.tables.instants.name}")
-        async with (
-            open_store(engine, create_tables=False) as a,
-            open_store(engine, create_tables=False) as b,
-        ):
-            assert sorted(await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))) == JOBS
-            assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
-            await a.prune()  # nothing to prune there: no error either
+        name = await instants_replaced(engine)
+        await claims_as_before(engine)
         async with engine.connect() as conn:
             names = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
     finally:
         await engine.dispose()
-    assert made.tables.instants.name not in names
+    assert name not in names
+
+
+async def instants_replaced(engine: Any, made_as: str | None = None) -> str:
+    """The store's tables made, then its instants table dropped (and made again
+    as ``made_as``, a column list, if given): a migration's. Its name."""
+    async with open_store(engine) as made:
+        name = made.tables.instants.name
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"DROP TABLE {name}")
+        if made_as is not None:
+            await conn.exec_driver_sql(f"CREATE TABLE {name} ({made_as})")
+    return name
+
+
+async def claims_as_before(engine: Any) -> None:
+    """Two stores with ``create_tables=False`` claim an instant's jobs: every
+    claim is sent and the jobs' rows decide, as before the instants."""
+    tick = time.time() - 1
+    wanted = [(j, tick) for j in JOBS]
+    async with (
+        open_store(engine, create_tables=False) as a,
+        open_store(engine, create_tables=False) as b,
+    ):
+        assert sorted(await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))) == JOBS
+        assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
+        await a.prune()  # nothing to prune in the instants: no error either
 
 
 def test_a_set_is_named_by_its_jobs_and_the_versions_of_its_stored_schedules() -> None:
@@ -376,22 +391,10 @@ async def test_an_instants_table_made_wrong_is_not_used(
     column: claims go on as without the table (it only saves work), and the
     store says why it does not use it."""
     engine = create_async_engine(database_url)
-    tick = time.time() - 1
-    wanted = [(j, tick) for j in JOBS]
     try:
-        async with open_store(engine) as made:
-            pass
-        name = made.tables.instants.name
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql(f"DROP TABLE {name}")
-            await conn.exec_driver_sql(f"CREATE TABLE {name} (key VARCHAR(64) PRIMARY KEY)")
+        name = await instants_replaced(engine, made_as="key VARCHAR(64) PRIMARY KEY")
         with caplog.at_level(logging.WARNING, logger="fastapi_jobs.stores"):
-            async with (
-                open_store(engine, create_tables=False) as a,
-                open_store(engine, create_tables=False) as b,
-            ):
-                assert sorted(await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))) == JOBS
-                assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
+            await claims_as_before(engine)
     finally:
         await engine.dispose()
     assert f"table {name} lacks column(s) instant, owner, claimed_at" in caplog.text
