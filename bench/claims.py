@@ -40,7 +40,12 @@ async def worker(url: str | None, n: int, window: float) -> dict[str, Any]:
     store = None
     engine = None
     if url:
-        engine = create_async_engine(url, pool_size=20)
+        # BENCH_KEEP_NO_STATEMENTS=1: the app's engine as behind a pooler
+        # (see pooler_report); the store then keeps none either.
+        keep_none = os.environ.get("BENCH_KEEP_NO_STATEMENTS") == "1"
+        engine = create_async_engine(
+            url, pool_size=20, connect_args={"statement_cache_size": 0} if keep_none else {}
+        )
         # Counted at the store, not with SQLAlchemy's cursor events: a listener
         # on the engine sends the store's statements through SQLAlchemy (where
         # the listener sees them), not to asyncpg directly as they go in an app.
@@ -144,7 +149,9 @@ async def worker(url: str | None, n: int, window: float) -> dict[str, Any]:
     }
 
 
-def cluster(url: str | None, n: int, window: int) -> list[dict[str, Any]]:
+def cluster(
+    url: str | None, n: int, window: int, env: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Three worker processes; the window opens once all three are running (a
     fixed delay was too short on a loaded machine: the window passed before the
     processes had started, and nothing ran in it), between two whole seconds."""
@@ -155,6 +162,7 @@ def cluster(url: str | None, n: int, window: int) -> list[dict[str, Any]]:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         for _ in range(3)
     ]
@@ -258,6 +266,65 @@ def report(quick: bool = False, jobs: int = 300, sqlite: bool = False) -> list[s
     ]
 
 
+def pooler_report(quick: bool = False, jobs: int = 300) -> list[str]:
+    """The store's cost behind a pooler: 3 processes × ``jobs`` at 1 s on one
+    PostgreSQL server, reached directly (statements kept, the default), directly
+    with no statements kept, and through PgBouncer in transaction mode (none
+    kept: what the store sets behind a pooler). Side by side in one run."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.pgbouncer import PgBouncer
+    from tests.support.postgres import PostgresServer
+
+    n, window = (20, 2) if quick else (jobs, 5)
+    server = PostgresServer()
+    server.start()
+    bouncer = PgBouncer(server, "transaction")
+    bouncer.start()
+    none_kept = {"BENCH_KEEP_NO_STATEMENTS": "1"}
+    try:
+        ways = {
+            "direct, statements kept": cluster(server.url(server.create_database()), n, window),
+            "direct, none kept": cluster(
+                server.url(server.create_database()), n, window, none_kept
+            ),
+            "PgBouncer 1.18, transaction mode": cluster(
+                bouncer.url(server.create_database()), n, window, none_kept
+            ),
+        }
+        without = cluster(None, n, window)
+    finally:
+        bouncer.destroy()
+        server.destroy()
+    expected = n * window
+    plain = sum(r["cpu_s"] for r in without) / expected * 1e6
+    lines = [
+        f"## Behind a pooler: 3 processes × {n} jobs at 1 s, local PostgreSQL 15 (asyncpg)",
+        "",
+        "| reached | pairs run / due, most runs of one | cluster CPU per (job, tick) "
+        "| vs. no store | claim latency p50 / p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for way, results in ways.items():
+        per_tick = Counter((j, t) for r in results for j, t in r["runs"])
+        cpu = sum(r["cpu_s"] for r in results) / expected * 1e6
+        latencies = sorted(x for r in results for x in r["latencies_ms"])
+
+        def pct(q: float, values: list[float] = latencies) -> float:
+            return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else 0.0
+
+        lines.append(
+            f"| {way} | {len(per_tick):,} / {expected:,}, {max(per_tick.values(), default=0)} "
+            f"| {cpu:.1f} µs | {cpu / plain:.2f}× | {pct(0.5):.2f} / {pct(0.99):.2f} ms |"
+        )
+    lines += [
+        "",
+        f"Without a store: {plain:.1f} µs per (job, tick) (every process runs every tick).",
+        "Behind the pooler every statement is parsed again with its parameters, and",
+        "goes through one more process: the CPU above is the app processes' only.",
+    ]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["worker", "report"])
@@ -272,7 +339,10 @@ def main() -> None:
         # `report sqlite`: the three on one SQLite file.
         jobs = [int(arg.split("=", 1)[1]) for arg in args.rest if arg.startswith("jobs=")]
         size = jobs[-1] if jobs else 300
-        lines = report(quick="quick" in args.rest, jobs=size, sqlite="sqlite" in args.rest)
+        if "pooler" in args.rest:
+            lines = pooler_report(quick="quick" in args.rest, jobs=size)
+        else:
+            lines = report(quick="quick" in args.rest, jobs=size, sqlite="sqlite" in args.rest)
         print("\n".join(lines))
 
 

@@ -70,6 +70,10 @@ class Claims:
         self.replacing: set[str] = set()
         """The jobs whose ``overlap`` is ``"replace"``: their claims take over a
         lease still held (``Store.claim``'s ``replace``)."""
+        self.handing_off: set[str] = set()
+        """The hand-off jobs: their claims take only a released row, an
+        abandoned one being the peers' to claim again (``Store.claim``'s
+        ``handoffs``)."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
@@ -166,6 +170,10 @@ class Claims:
             replace = [job for job, _ in wanted if job in self.replacing]
             if replace:
                 given["replace"] = replace
+        if self.handing_off and not manual:
+            handoffs = [job for job, _ in wanted if job in self.handing_off]
+            if handoffs:
+                given["handoffs"] = handoffs
         return given
 
     async def _release_then_claim(

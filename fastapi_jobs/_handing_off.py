@@ -100,6 +100,13 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
             "ctx.tick.isoformat() for the tick"
         ) from None
     # As JSON gives them back: every queue's task then gets the same values (a
-    # tuple would reach an arq task as a tuple, a Celery one as a list).
+    # tuple would reach an arq task as a tuple, a Celery one as a list). Values
+    # JSON would change are refused rather than changed without a word.
     parsed: Mapping[str, Any] = json.loads(encoded)
+    if parsed != kwargs:
+        raise TypeError(
+            f"hand-off job {name!r} returned kwargs that JSON would change (a tuple "
+            "becomes a list, a dict's int key a string): return lists, and dicts keyed "
+            "by strings"
+        )
     return parsed

@@ -176,6 +176,8 @@ class RunnerState:
         job = self.job
         if claims is not None and self.leases is not None and job.overlap == "replace":
             claims.replacing.add(job.name)
+        if claims is not None and self.leases is not None and job.enqueue is not None:
+            claims.handing_off.add(job.name)
         # Claimed with the set of jobs due at the same instant (``_claims``'s
         # `instant`): a job claimed by tick, whose ticks never wait for a run
         # (overlap "skip"), and that hands nothing off (the losers of its claim

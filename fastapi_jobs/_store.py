@@ -101,6 +101,7 @@ class Store(Protocol):
         manual: bool = False,
         versions: Mapping[str, int] | None = None,
         replace: Collection[str] = (),
+        handoffs: Collection[str] = (),
     ) -> Mapping[str, int | Exception]:
         """Claim each ``(job, tick)``, all in one go (the scheduler asks once per
         instant for every job due then). A job paused in the store is not
@@ -118,6 +119,13 @@ class Store(Protocol):
         a lease still held (its holder's renewal then fails, and its run is
         cancelled), and the run it replaces is recorded in the history as
         cancelled.
+
+        ``handoffs`` (passed only when some of ``wanted`` are such jobs, never with
+        ``manual``): the hand-off jobs; their claim takes a job's row only once
+        its last claim was released, never because that claim's lease is over:
+        a claim made and never released (its claimer died, perhaps before its
+        enqueue) is `reclaim`'s, for that very tick, so that no later tick
+        moves the row past a tick nobody enqueued.
 
         Returns, by job, the new fence of each claim made; a job that is missing
         is held elsewhere (or its tick is not newer than its last); an exception

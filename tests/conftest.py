@@ -25,6 +25,7 @@ from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore, Store
 from fastapi_jobs.testing import LoopClock
 
 from .support.cluster import App
+from .support.pgbouncer import PgBouncer
 from .support.postgres import PostgresServer
 from .support.redis import RedisServer
 
@@ -95,10 +96,10 @@ async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
-Server = TypeVar("Server", PostgresServer, RedisServer)
+Server = TypeVar("Server", PostgresServer, RedisServer, PgBouncer)
 
 
-def _serving(make: Callable[[], Server], what: str) -> Iterator[Server]:
+def serving(make: Callable[[], Server], what: str) -> Iterator[Server]:
     """A server made and started for the session (a pytest worker's), destroyed
     after. Skips locally where none can start (not even be made: no binaries); in
     CI (CI=true) that is a failure, never a skip."""
@@ -118,13 +119,13 @@ def _serving(make: Callable[[], Server], what: str) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """A real PostgreSQL server for the session."""
-    yield from _serving(PostgresServer, "PostgreSQL")
+    yield from serving(PostgresServer, "PostgreSQL")
 
 
 @pytest.fixture(scope="session")
 def redis() -> Iterator[RedisServer]:
     """A real Redis server for the session."""
-    yield from _serving(RedisServer, "Redis")
+    yield from serving(RedisServer, "Redis")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,10 @@ async def arq_pool(redis: RedisServer) -> AsyncIterator[ArqRedis]:
 
 
 def _by_key(executions: list[dict[str, Any]]) -> dict[str, int]:
+    """How many times each tick's key was executed."""
     counts: dict[str, int] = {}
     for entry in executions:
-        counts[entry["job_id"]] = counts.get(entry["job_id"], 0) + 1
+        counts[entry["key"]] = counts.get(entry["key"], 0) + 1
     return counts
 
 
@@ -129,10 +131,9 @@ async def test_each_tick_is_enqueued_once_and_run_once_under_its_key(
             "tick": datetime.fromisoformat(entry["kwargs"]["tick"]).isoformat(),
             "audience": "all",
         }
-        assert (
-            handoff_key("digest", datetime.fromisoformat(entry["kwargs"]["tick"]))
-            == entry["job_id"]
-        )
+        key = handoff_key("digest", datetime.fromisoformat(entry["kwargs"]["tick"]))
+        assert entry["key"] == key
+        assert entry["job_id"] == f"{worker.queue}:{key}"  # a queue of its own: named
 
 
 async def _count(worker: Worker, pool: ArqRedis, n: int) -> bool:
@@ -190,6 +191,57 @@ async def test_three_instances_hand_each_tick_off_once(
     assert len(ticks) == len(set(ticks)), "a tick was handed off twice"
     assert _by_key(executions) == {handoff_key("digest", tick): 1 for tick in ticks}
     assert lost >= len(handed), "the instances did not compete for the ticks"
+
+
+async def test_two_apps_with_a_job_of_one_name_on_two_queues_each_enqueue_every_tick(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Two apps, each with its own store and a job ``digest``, hand off to two
+    arq queues of one Redis. arq keeps one namespace of job ids per Redis: the
+    ids carry the queue, and every tick of each app reaches its own queue."""
+    queues = [f"fj-app{n}:{uuid.uuid4().hex[:8]}" for n in range(2)]
+    procs = [
+        start_worker(
+            "tests.apps.arq_worker.WorkerSettings",
+            ROOT,
+            tmp_path / f"arq_worker{n}.log",
+            FJ_REDIS_SOCKET=str(redis.socket),
+            FJ_QUEUE=queue,
+        )
+        for n, queue in enumerate(queues)
+    ]
+    workers = [
+        Worker(q, proc, tmp_path / f"arq_worker{n}.log")
+        for n, (q, proc) in enumerate(zip(queues, procs, strict=True))
+    ]
+    handed: list[list[datetime]] = [[], []]
+    try:
+        async with (
+            arq_pool(redis) as pool,
+            engine_for(f"sqlite+aiosqlite:///{tmp_path / 'app0.db'}") as engine0,
+            engine_for(f"sqlite+aiosqlite:///{tmp_path / 'app1.db'}") as engine1,
+            AsyncExitStack() as stack,
+        ):
+            for n, engine in enumerate((engine0, engine1)):
+                scheduler = instance(engine)
+                task = ArqTask("record", pool=lambda s: s["arq"], queue_name=queues[n])
+
+                async def digest(ctx: JobContext, n: int = n) -> dict[str, object]:
+                    handed[n].append(ctx.tick)
+                    return {"tick": ctx.tick.isoformat()}
+
+                scheduler.every(seconds=0.5, enqueue=task)(digest)
+                await stack.enter_async_context(scheduler.running({"db": engine, "arq": pool}))
+            await poll(lambda: min(len(h) for h in handed) >= 4, within=30)
+            await stack.aclose()
+            for worker, ticks in zip(workers, handed, strict=True):
+                await poll(partial(_count, worker, pool, len(ticks)), within=30)
+            executions = [await worker.executions(pool) for worker in workers]
+    finally:
+        for proc in procs:
+            stop(proc)
+    for ticks, ran in zip(handed, executions, strict=True):
+        assert _by_key(ran) == {handoff_key("digest", tick): 1 for tick in ticks}
 
 
 # The cut enqueues' pipelines may be collected at any moment of the test (sooner
@@ -287,7 +339,7 @@ async def test_a_retry_within_the_tick_uses_the_same_key(
     [first, again] = handoff.keys[:2]
     assert first == again and first.startswith("digest@")
     assert runs[0]["outcome"] == "ok" and runs[0]["attempts"] == 2
-    assert [(e["job_id"], e["kwargs"]) for e in executions] == [(first, {})]
+    assert [(e["key"], e["kwargs"]) for e in executions] == [(first, {})]
 
 
 class Kept:
@@ -310,6 +362,10 @@ class Kept:
         ({"x": float("nan")}, "not JSON-able"),  # arq would pickle it; another queue not
         ({1: "a"}, "return the queue task's keyword arguments as a dict"),
         ({"when": datetime(2026, 1, 1, tzinfo=UTC)}, "not JSON-able"),
+        # What JSON would change without a word is refused, not changed.
+        ({"pair": (1, 2)}, "a tuple becomes a list"),
+        ({"by_id": {7: "seven"}}, "a dict's int key a string"),
+        ({"deep": [{"x": (1,)}]}, "JSON would change"),
     ],
 )
 async def test_kwargs_that_are_not_a_json_dict_fail_the_run(returned: object, message: str) -> None:

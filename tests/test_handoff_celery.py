@@ -34,6 +34,7 @@ from .support.cluster import ROOT, App, rows
 from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
 from .support.redis import RedisServer
+from .support.ticks import after_a_dead_claimer, refused_after_a_dead_claimer
 from .support.waiting import poll
 from .support.workers import spawn, stop
 from .test_handoff_arq import _page_fragment, _store_runs
@@ -496,10 +497,26 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
     assert log.read_text().count(line) == 1
 
 
-@pytest.mark.parametrize("at", ["claim", "send", "record"])
+@pytest.mark.parametrize(
+    ("at", "timing"),
+    [
+        # (interval, lease) in seconds: see tests/test_handoff_reclaim.py's TIMINGS.
+        pytest.param("claim", (3, 2), id="claim-3s/2s"),
+        pytest.param("send", (3, 2), id="send-3s/2s"),
+        pytest.param("record", (3, 2), id="record-3s/2s"),
+        pytest.param("claim", (1, 3), id="claim-1s/3s"),
+        pytest.param("record", (1, 3), id="record-1s/3s"),
+        pytest.param("claim", (10, 30), id="claim-10s/30s"),
+    ],
+)
 @pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
-    at: str, postgres: PostgresServer, redis: RedisServer, tmp_path: Path, apps: list[App]
+    at: str,
+    timing: tuple[float, float],
+    postgres: PostgresServer,
+    redis: RedisServer,
+    tmp_path: Path,
+    apps: list[App],
 ) -> None:
     """Three uvicorn instances hand one job off to a real Celery worker; the one
     that won a chosen tick is SIGKILLed after its claim (``claim``), after its
@@ -507,7 +524,9 @@ async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     (``record``). A peer claims the tick again after its lease: it sends it
     (``claim``: once), sends it again under the same task_id (``send``: the
     window, Celery runs it twice, the task's work once), or sends nothing
-    (``record``). Every other tick of the window is executed exactly once."""
+    (``record``). Every other tick of the window is executed exactly once,
+    whatever the interval and the lease."""
+    interval, lease = timing
     url = postgres.url(postgres.create_database())
     queue = f"fj-reclaim-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "celery_worker.log"
@@ -523,8 +542,8 @@ async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     env: dict[str, object] = {
         "FJ_REDIS_SOCKET": redis.socket,
         "FJ_QUEUE": queue,
-        "INTERVAL": 3,
-        "LEASE": 2,
+        "INTERVAL": interval,
+        "LEASE": lease,
         "BLOCK": block,
         "BLOCK_AT": at,
     }
@@ -547,8 +566,9 @@ async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
             victim.signal(signal.SIGKILL)
             victim.proc.wait(10)
             chosen = datetime.fromisoformat(key.split("@", 1)[1].replace("Z", "+00:00"))
-            end = chosen.timestamp() + 3 * 3  # the chosen tick, then three after it
-            await poll(lambda: _worked_tick_at_least(w, r, end), within=45)
+            # The chosen tick, then two ticks after those a dead claim may cost.
+            end = after_a_dead_claimer(chosen.timestamp(), interval, lease)
+            await poll(lambda: _worked_tick_at_least(w, r, end), within=lease + 45)
             for app in apps:
                 if app is not victim:
                     app.terminate()
@@ -563,10 +583,11 @@ async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     assert sorted(work) == sorted(set(ids)), "a tick's work ran twice, or not at all"
     ticks = sorted({datetime.fromisoformat(e["kwargs"]["tick"]).timestamp() for e in executions})
     window = [t for t in ticks if ticks[0] <= t <= end]
-    expected = [ticks[0] + 3 * k for k in range(round((end - ticks[0]) / 3) + 1)]
-    # The tick due as the re-claim is made may be lost (docs/queues.md); with a
-    # lease (2 s) shorter than the interval (3 s), none should be.
-    assert set(expected) - set(window) <= {chosen.timestamp() + 3}, ticks
+    expected = [ticks[0] + interval * k for k in range(round((end - ticks[0]) / interval) + 1)]
+    # The ticks due while the dead claim holds the job may be refused
+    # (docs/queues.md); no other.
+    lost = refused_after_a_dead_claimer(chosen.timestamp(), interval, lease)
+    assert set(expected) - set(window) <= lost, ticks
     [(outcome, by)] = rows(
         url,
         "SELECT outcome, instance FROM fastapi_jobs_runs WHERE job = 'digest' AND tick = :t",

@@ -34,8 +34,10 @@ from .support.cluster import ROOT
 from .support.cluster import App as Uvicorn  # a uvicorn process (procrastinate has an App)
 from .support.instances import engine_for, instance
 from .support.postgres import PostgresServer
+from .support.ticks import after_a_dead_claimer, refused_after_a_dead_claimer
 from .support.waiting import poll
 from .support.workers import spawn, stop
+from .test_handoff_reclaim import TIMINGS
 
 TICK = datetime(2026, 3, 2, 1, 0, tzinfo=UTC)
 
@@ -496,16 +498,19 @@ async def test_the_docs_example_hands_a_tick_to_its_worker(
     assert log.read_text().count(line) == 1
 
 
-def _cluster(database: Database, block: Path, at: str, apps: list[Uvicorn]) -> None:
+def _cluster(
+    database: Database, block: Path, at: str, apps: list[Uvicorn], timing: tuple[float, float]
+) -> None:
     """Three uvicorn instances of tests/apps/procrastinate_handoff_app.py
-    (interval 3 s, lease 2 s) on the test's database."""
+    (``timing``: the interval and the lease, in seconds) on the test's database."""
+    interval, lease = timing
     for _ in range(3):
         apps.append(
             Uvicorn(
                 database.url(),
                 app="tests.apps.procrastinate_handoff_app:app",
-                INTERVAL="3",
-                LEASE="2",
+                INTERVAL=str(interval),
+                LEASE=str(lease),
                 TIMEOUT="0.6",
                 BLOCK=str(block),
                 BLOCK_AT=at,
@@ -520,20 +525,27 @@ async def _ticks_run(engine: AsyncEngine) -> list[float]:
     return sorted(datetime.fromisoformat(e["kwargs"]["tick"]).timestamp() for e in executions)
 
 
-@pytest.mark.parametrize("at", ["before", "after"])
+@pytest.mark.parametrize(("at", "timing"), TIMINGS)
 @pytest.mark.slow  # minutes of real processes: CI's second run (pytest -m slow)
 async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue_once(
-    at: str, database: Database, worker: Path, tmp_path: Path, apps: list[Uvicorn]
+    at: str,
+    timing: tuple[float, float],
+    database: Database,
+    worker: Path,
+    tmp_path: Path,
+    apps: list[Uvicorn],
 ) -> None:
     """Three instances hand one job off; the one that won a chosen tick is
     SIGKILLed before its enqueue (``before``) or after it, before its release
     (``after``: the job row and the outbox row committed). A peer claims the tick
     again after its lease and hands it off (``after``: the outbox row says it
     was, and nothing is inserted): every tick of the window is in
-    procrastinate_jobs once and run once, the chosen one included."""
+    procrastinate_jobs once and run once, the chosen one included, whatever the
+    interval and the lease."""
+    interval, lease = timing
     block = tmp_path / "block"
     async with engine_for(database.url()) as engine:
-        _cluster(database, block, at, apps)
+        _cluster(database, block, at, apps, timing)
         await poll(lambda: _executed(engine, 1), within=30)
         block.touch()  # the next tick's winner takes it and blocks
         taken = Path(f"{block}.taken")
@@ -545,12 +557,13 @@ async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue
         victim.signal(signal.SIGKILL)
         victim.proc.wait(10)
         chosen = datetime.fromisoformat(key.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
-        end = chosen + 3 * 3  # the chosen tick, then three after it
+        # The chosen tick, then two ticks after those a dead claim may cost.
+        end = after_a_dead_claimer(chosen, interval, lease)
 
         async def through_end() -> bool:
             return chosen in (ran := await _ticks_run(engine)) and ran[-1] >= end
 
-        await poll(through_end, within=30)
+        await poll(through_end, within=lease + 30)
         for app in apps:
             if app is not victim:
                 app.terminate()
@@ -570,10 +583,11 @@ async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue
     assert chosen in in_queue
     _ran_once_each(executions, jobs)
     window = [t for t in in_queue if t <= end]
-    # The tick due as the re-claim is made may be lost (see docs/queues.md); with
-    # a lease (2 s) shorter than the interval (3 s), none should be.
-    expected = [window[0] + 3 * k for k in range(round((end - window[0]) / 3) + 1)]
-    assert set(expected) - set(window) <= {chosen + 3}, (expected, window)
+    # The ticks due while the dead claim holds the job may be refused (see
+    # docs/queues.md); no other.
+    expected = [window[0] + interval * k for k in range(round((end - window[0]) / interval) + 1)]
+    lost = refused_after_a_dead_claimer(chosen, interval, lease)
+    assert set(expected) - set(window) <= lost, (expected, window)
     if at == "after":
         # The victim's committed job is the tick's one: the peer inserted none.
         [job] = [j for j in jobs if datetime.fromisoformat(j["args"]["tick"]).timestamp() == chosen]

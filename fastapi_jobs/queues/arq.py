@@ -3,9 +3,12 @@
 arq refuses a second ``enqueue_job`` with the same ``_job_id`` while the job is
 queued, while it runs, and for the worker's ``keep_result`` seconds after it
 ends (WATCH/MULTI, atomic across processes): the tick's key as the job id makes
-a retry, or a second instance's enqueue, a refused duplicate. arq waits for a
-Redis that accepted the connection and stopped answering forever, so every
-enqueue here is bounded (``timeout``).
+a retry, or a second instance's enqueue, a refused duplicate. arq keeps every
+job id of a Redis in one namespace (``arq:job:<id>``), whatever the queue, so
+on a queue other than arq's default the id carries the queue's name: two apps
+with a job of one name on two queues must not refuse each other's ticks. arq
+waits for a Redis that accepted the connection and stopped answering forever,
+so every enqueue here is bounded (``timeout``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from . import HandoffRequest
 
 try:
     from arq.connections import ArqRedis
+    from arq.constants import default_queue_name
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise missing_extra("fastapi_jobs.queues.arq", "arq", "arq", "arq") from exc
 
@@ -50,7 +54,8 @@ class ArqTask:
     ``timeout``: seconds an enqueue may take before the run fails.
 
     The task runs with the job's returned keyword arguments, and
-    ``ctx["job_id"]`` is the tick's key (``"digest@2025-01-01T00:00:00Z"``).
+    ``ctx["job_id"]`` is the tick's key (``"digest@2025-01-01T00:00:00Z"``) on
+    arq's default queue, ``"<queue_name>:<key>"`` on another (see `job_id`).
     """
 
     __slots__ = ("_pool", "function", "name", "queue_name", "timeout")
@@ -99,10 +104,18 @@ class ArqTask:
     def __repr__(self) -> str:
         return f"ArqTask({self.function!r}, queue_name={self.queue_name!r})"
 
+    def job_id(self, key: str) -> str:
+        """The arq job id of the tick whose key is ``key``: the key on arq's
+        default queue, ``"<queue_name>:<key>"`` on another. arq's job ids are one
+        namespace per Redis, whatever the queue: two apps with a job of one name,
+        on two queues, would otherwise refuse each other's ticks as duplicates."""
+        queue = self.queue_name
+        return key if queue is None or queue == default_queue_name else f"{queue}:{key}"
+
     async def enqueue(self, request: HandoffRequest) -> str:
-        """Enqueue the task as arq job ``request.key``: its id, also when arq
-        already had it (a duplicate refused is a tick in the queue)."""
-        key, kwargs = request.key, request.kwargs
+        """Enqueue the task as arq job `job_id` of ``request.key``: its id, also
+        when arq already had it (a duplicate refused is a tick in the queue)."""
+        key, kwargs = self.job_id(request.key), request.kwargs
         taken = sorted(_ARQS_OWN.intersection(kwargs))
         if taken:
             raise TypeError(

@@ -27,12 +27,15 @@ def claim(
     *,
     manual: bool = False,
     take_over: bool = False,
+    released_only: bool = False,
 ) -> Any:
     """The claim of many jobs in one statement (rows as in ``rows_cte``). A paused
     job's tick is not claimed, unless ``manual`` (an operator asked for the run);
     with ``schedules``, see `_current`. ``take_over``: the jobs' overlap policy is
     ``replace``, and a lease still held does not stop the claim (`replaced_runs`
-    records the run it replaces first)."""
+    records the run it replaces first). ``released_only``: the jobs hand their
+    ticks to a queue, and a row claimed and never released is not taken even
+    once its lease is over (see `_taken_over`)."""
     c, now = claims, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
     wanted = _wanted(dialect)
@@ -47,7 +50,8 @@ def claim(
     new = insert(c).from_select(
         ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], due
     )
-    return _taken_over(claims, new, now, take_over).returning(c.c.job, c.c.fence)
+    taken = _taken_over(claims, new, now, take_over, released_only=released_only)
+    return taken.returning(c.c.job, c.c.fence)
 
 
 def claim_instant(instants: sa.Table, insert: Insert) -> Any:
@@ -169,7 +173,9 @@ def replaced_runs(
     return sa.insert(runs).from_select(RUN_COLUMNS, held)
 
 
-def _taken_over(claims: sa.Table, new: Any, now: Any, take_over: bool = False) -> Any:
+def _taken_over(
+    claims: sa.Table, new: Any, now: Any, take_over: bool = False, *, released_only: bool = False
+) -> Any:
     """A claim's insert, over the job's row where it may be claimed.
 
     A tick must be newer than the last one claimed (so a tick never runs
@@ -177,9 +183,16 @@ def _taken_over(claims: sa.Table, new: Any, now: Any, take_over: bool = False) -
     across instances), unless ``take_over``. Rows that fail return nothing. (A
     job's very first claim inserts its row.) The last run's end (finished_at,
     outcome, error, duration) stays until this run's release: while a run goes,
-    the status shows the run before it, not nothing."""
+    the status shows the run before it, not nothing.
+
+    A lease is free once released, or once over. ``released_only`` (hand-off
+    jobs): once released only. A hand-off's claimer that died left its tick
+    perhaps not enqueued, and only `reclaim` takes that row, for that very
+    tick: a claim of a later tick, sent as the lease ends, would otherwise move
+    the row past it, and the abandoned tick would be enqueued by nobody."""
     c = claims
-    free = sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now)
+    released = c.c.lease_until.is_(None)
+    free = released if released_only else sa.or_(released, c.c.lease_until < now)
     return new.on_conflict_do_update(
         index_elements=[c.c.job],
         set_={

@@ -33,9 +33,10 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from .._errors import StoreError
+from .._errors import ConfigurationError, StoreError
 from .._status import ErrorInfo
 from ._db_clock import db_now
+from ._poolers import STATEMENT_MODE, Reconnect
 
 __all__ = ["NOT_OPEN", "Operations", "transaction"]
 
@@ -215,11 +216,15 @@ class Operations:
         async with self._ready_lock:
             if self.ready:
                 return
-            async with (
-                asyncio.timeout(max(_DDL_TIMEOUT, 2 * self.timeout)),
-                self.engine.connect() as conn,
-            ):
-                await self._prepare(conn)
+            async with asyncio.timeout(max(_DDL_TIMEOUT, 2 * self.timeout)):
+                while True:
+                    async with _connected(self.engine) as conn:
+                        try:
+                            await self._prepare(conn)
+                            break
+                        except Reconnect:
+                            # Made before the engine was set for a pooler: not back to it.
+                            await conn.invalidate()
             self.ready = True
 
     async def change(
@@ -297,6 +302,23 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
             except Exception:  # noqa: BLE001 - its transaction must not go back to the pool
                 await conn.invalidate()
         raise
+
+
+@asynccontextmanager
+async def _connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection of ``engine``; a pooler in statement mode refuses the
+    transaction a first connection opens (SQLAlchemy's own reads of the
+    server): that is said as `ConfigurationError`, naming the fix."""
+    try:
+        conn = await engine.connect()
+    except sa.exc.DBAPIError as exc:
+        if "statement pooling mode" in str(exc):
+            raise ConfigurationError(STATEMENT_MODE) from exc
+        raise
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 def _capacity(pool: sa.Pool) -> float:

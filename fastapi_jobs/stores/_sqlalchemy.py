@@ -4,6 +4,7 @@ operations; the parts they are made of live beside it:
 
 - ``_options``: the options, checked when the store is made;
 - ``_engines``: which engine the store runs on (its source checked, SQLite's own);
+- ``_poolers``: a connection pooler in between (no prepared statements kept);
 - ``_operations``: each operation in an asyncio task of its own, with its deadline;
 - ``_setup``: the tables made at startup (retried; the ALTER for old tables);
 - ``_tables``: the tables, their names and DDL; ``_db_clock``: the database's time;
@@ -26,10 +27,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._context import JobContext
-from .._errors import LeaseLostError, StoreError
+from .._errors import ConfigurationError, LeaseLostError, StoreError
 from .._status import ClusterView, RunRecord
 from .._store import Instance
-from . import _reads, _tables
+from . import _poolers, _reads, _tables
 from ._backfills import StoreBackfills
 from ._engines import EngineSource, check_source, choose
 from ._operations import Operations
@@ -98,6 +99,7 @@ class SQLAlchemyStore(StoreClaims):
         self._create_tables = options.create_tables
         self.tables = _tables.tables(options.table_prefix)
         self._owned: AsyncEngine | None = None  # made by the store, disposed of at close
+        self._pooled: bool | None = None  # behind a connection pooler (_poolers), once known
         self._instance: Instance | None = None
         self._sql: Statements | None = None  # built for the engine's dialect at open()
         self._operations = Operations(self.timeout, self._prepare)
@@ -118,12 +120,23 @@ class SQLAlchemyStore(StoreClaims):
         self._operations.open(engine)
         self._instance = instance
         self._sql = Statements(self.tables, engine.dialect.name, history=bool(self.history))
-        if self._create_tables:
+        self._pooled = None
+        if self._owned is not None and engine.dialect.name == "postgresql":
+            _poolers.cautious(self._owned)
+        if self._create_tables or engine.dialect.name == "postgresql":
             # Start on the tables now, so that the first tick does not wait for DDL;
             # a database that is down only delays it to the first operation.
-            self._operations.spawn(self._operations.ensure_ready())
+            ready = self._operations.spawn(self._operations.ensure_ready())
+            if engine.dialect.name == "postgresql":
+                # A pooler the store cannot run behind fails the start, naming the
+                # fix; a database down or slow only delays that check as well.
+                await asyncio.wait({ready}, timeout=self.timeout)
+                if ready.done() and isinstance(ready.exception(), ConfigurationError):
+                    raise ready.exception()  # type: ignore[misc]
 
     async def _prepare(self, conn: AsyncConnection) -> None:
+        if self._pooled is None and conn.dialect.name == "postgresql":
+            self._pooled = await _poolers.check(conn, self._owned)
         absent = await ensure_tables(conn, self.tables, create=self._create_tables)
         present = self.schedules.present = self.tables.schedules.name not in absent
         self._statements.schedules = present

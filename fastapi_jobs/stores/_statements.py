@@ -97,11 +97,12 @@ class Statements:
     def _batch(self, kind: str) -> Any:
         t = self._tables
         schedules = t.schedules if self.schedules else None
-        if kind in ("claim", "claim_manual", "claim_replace"):
+        if kind in ("claim", "claim_manual", "claim_replace", "claim_handoff"):
             return claim(
                 *(t.claims, t.pauses, self._insert, self.dialect, schedules),
                 manual=kind == "claim_manual",
                 take_over=kind == "claim_replace",
+                released_only=kind == "claim_handoff",
             )
         if kind == "claim_instant":
             return claim_instant(t.instants, self._insert)

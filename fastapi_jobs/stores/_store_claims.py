@@ -65,6 +65,7 @@ class StoreClaims:
         versions: _Versions = None,
         replace: Collection[str] = (),
         instant: _Instant = None,
+        handoffs: Collection[str] = (),
     ) -> dict[str, int | Exception]:
         """Claim each ``(job, tick)`` in as few statements as can be (one per
         thousand rows); see `fastapi_jobs.stores.Store.claim`.
@@ -78,7 +79,8 @@ class StoreClaims:
         every claim is sent."""
         if not wanted:
             return {}
-        return await self._claiming(self._claim_op(wanted, manual, versions, replace, instant))
+        op = self._claim_op(wanted, manual, versions, replace, instant, handoffs)
+        return await self._claiming(op)
 
     async def release_then_claim(
         self,
@@ -89,6 +91,7 @@ class StoreClaims:
         versions: _Versions = None,
         replace: Collection[str] = (),
         instant: _Instant = None,
+        handoffs: Collection[str] = (),
     ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
         """`release` ``ended``, then `claim` ``wanted``, in one operation (one
         connection, one deadline): the refused releases by job, and the fences.
@@ -97,7 +100,9 @@ class StoreClaims:
         (nothing claimed; the releases may have gone through: sent again, they
         change nothing)."""
         rows = ended_rows(ended)
-        claim = self._claim_op(wanted, manual, versions, replace, instant) if wanted else None
+        claim = (
+            self._claim_op(wanted, manual, versions, replace, instant, handoffs) if wanted else None
+        )
 
         async def both(
             fences: _Fences, asked: dict[str, float], conn: AsyncConnection
@@ -116,18 +121,41 @@ class StoreClaims:
         versions: _Versions,
         replace: Collection[str],
         instant: _Instant = None,
+        handoffs: Collection[str] = (),
     ) -> _ClaimOp:
         """The claim of ``wanted`` as ``op(fences, asked, conn)``, for `_claiming`."""
         if instant is not None:
-            return partial(self._claim_at_instant, wanted, manual, versions, replace, instant)
+            return partial(
+                self._claim_at_instant, wanted, manual, versions, replace, instant, handoffs
+            )
         rows: Sequence[tuple[Any, ...]] = wanted
         if versions:  # a stored schedule's row has a third value: its version
             rows = [(j, t) if j not in versions else (j, t, versions[j]) for j, t in wanted]
+        # Hand-off jobs (overlap "replace" aside: it takes over any lease) take
+        # only a released row: an abandoned one is `reclaim`'s, for its own tick.
+        handing_off = set(handoffs).difference(replace) if handoffs and not manual else ()
+        if handing_off:
+            others = [row for row in rows if row[0] not in handing_off]
+            first = [row for row in rows if row[0] in handing_off]
+            rest = self._claim_op(others, manual, versions, replace) if others else None
+            return partial(self._claim_handoffs, chunks(first), rest)
         if replace and not manual:
             taking = (self._statements.batches, rows, set(replace), self._claim_params())
             return partial(claim_taking_over, *taking, history=bool(self.history))
         kind = "claim_manual" if manual else "claim"
         return partial(self._claim_all, kind, chunks(rows))
+
+    async def _claim_handoffs(
+        self,
+        rows: list[list[tuple[str, Any]]],
+        rest: _ClaimOp | None,
+        fences: _Fences,
+        asked: dict[str, float],
+        conn: AsyncConnection,
+    ) -> _Fences:
+        """The claims of hand-off jobs' ``rows`` (see `_claim_op`), then ``rest``."""
+        await self._claim_all("claim_handoff", rows, fences, asked, conn)
+        return fences if rest is None else await rest(fences, asked, conn)
 
     async def _claim_at_instant(
         self,
@@ -136,6 +164,7 @@ class StoreClaims:
         versions: _Versions,
         replace: Collection[str],
         instant: tuple[str, float, Collection[str]],
+        handoffs: Collection[str],
         fences: _Fences,
         asked: dict[str, float],
         conn: AsyncConnection,
@@ -154,7 +183,8 @@ class StoreClaims:
             wanted = [row for row in wanted if row[0] not in jobs]
             if not wanted:
                 return fences
-        return await self._claim_op(wanted, manual, versions, replace)(fences, asked, conn)
+        op = self._claim_op(wanted, manual, versions, replace, handoffs=handoffs)
+        return await op(fences, asked, conn)
 
     async def reclaim(self, wanted: Sequence[tuple[str, float]]) -> _Reclaimed:
         """Claim again each ``(job, tick)`` that is claimed, never released and

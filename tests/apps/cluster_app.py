@@ -9,7 +9,9 @@ fails after recording itself), RETRIES, PAUSED (1: declared paused), EVERY_INSTA
 PROMETHEUS_MULTIPROC_DIR is set), BIND_DELAY (s uvicorn is held after it logs
 startup complete, before it binds: a loaded machine, for the harness's test),
 STARTUP_SECONDS (s the lifespan waits after making its tables: a startup stuck;
-it creates the file STARTUP_MARK, if given, as it starts waiting).
+it creates the file STARTUP_MARK, if given, as it starts waiting), STORE_URL (1: the
+store is given DATABASE_URL itself and makes its own engine, as behind a pooler;
+the app's own engine then keeps no prepared statements, as a pooler needs).
 The control router is public: the tests reach the app on localhost only.
 
 Tables (in the app's own database, beside the store's):
@@ -87,9 +89,19 @@ class OffsetClock(SystemClock):
         await super().sleep_until(ts - self.offset)
 
 
+def _app_connect_args() -> dict[str, Any]:
+    """The app's own engine behind a pooler in transaction mode: no prepared
+    statements kept (the store's own engine sets the same by itself)."""
+    if ENV.get("STORE_URL") != "1" or "postgresql" not in ENV["DATABASE_URL"]:
+        return {}
+    if "+psycopg" in ENV["DATABASE_URL"]:
+        return {"prepare_threshold": None}
+    return {"statement_cache_size": 0}
+
+
 @asynccontextmanager
 async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-    engine = create_async_engine(ENV["DATABASE_URL"])
+    engine = create_async_engine(ENV["DATABASE_URL"], connect_args=_app_connect_args())
     for attempt in range(5):
         try:
             async with engine.begin() as conn:
@@ -110,7 +122,7 @@ async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
 
 
 store = SQLAlchemyStore(
-    lambda state: state["db"],
+    ENV["DATABASE_URL"] if ENV.get("STORE_URL") == "1" else lambda state: state["db"],
     lease=float(ENV.get("LEASE", "30")),
     timeout=float(ENV.get("TIMEOUT", "2")),
     heartbeat=1,
