@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["JobContext"]
+__all__ = ["Cancellation", "JobContext"]
+
+
+class Cancellation:
+    """Why a run was cancelled, once it was: set by the scheduler, read by the
+    run through `JobContext.cancelled` (from its worker thread, for a sync job)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +51,34 @@ class JobContext:
     across all instances; guard the job's own writes with it. Else None."""
     manual: bool = False
     """True when the run was asked for by hand (``Scheduler.run_now``)."""
+    cancellation: Cancellation = field(default_factory=Cancellation, repr=False, compare=False)
+    """Set by the scheduler when it cancels the run; read `cancelled`."""
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this run is cancelled: its lease lost (another instance may
+        run the job's next tick now), the app stopping past its shutdown
+        deadline, a newer tick replacing it, or its timeout passed.
+
+        An async job's task is cancelled then, and need not look. A sync job's
+        thread cannot be stopped from outside: it goes on until it returns. Look
+        at ``ctx.cancelled`` between the steps of a long sync job, and return
+        once it is true (its writes can also be fenced: `fence`):
+
+        ```python
+        # fragment: a long sync job of a scheduler with a store
+        @scheduler.every(minutes=10)
+        def reindex(ctx: JobContext) -> None:
+            for batch in batches():
+                if ctx.cancelled:
+                    return  # the lease is lost: another instance may run the job now
+                index(batch)
+        ```
+        """
+        return self.cancellation.reason is not None
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the run was cancelled (``"lease lost: ..."``, ``"timed out"``,
+        ``"cancelled"``), or None while it is not."""
+        return self.cancellation.reason

@@ -84,6 +84,12 @@ def _in_thread(
         done.set()
 
 
+def _tell(args: tuple[JobContext, ...], reason: str) -> None:
+    """Tell the run's context (if the job takes one) that it is cancelled, and why."""
+    if args:
+        args[0].cancellation.reason = reason
+
+
 class GuardedRun(RunnerState):
     """A runner's one run: `run`."""
 
@@ -113,21 +119,21 @@ class GuardedRun(RunnerState):
         observers = self.observers
         if observers is not None and observers.wants_started:
             self._tell_started(observers, tick, started, attempt, manual, fence)
+        args = self._args(tick, state, manual, fence)  # (ctx,) or ()
         try:
             if not job.is_async:
-                error = await self._call_sync(self._args(tick, state, manual, fence))
+                error = await self._call_sync(args)
             elif job.timeout is not None or until is not None:
-                error = await self._call_timed(until, started, tick, state, manual, fence)
-            elif job.takes_context:
-                await job.func(self._context(tick, state, manual, fence))
+                error = await self._call_timed(until, started, args)
             else:
-                await job.func()
+                await job.func(*args)
             outcome = "ok" if error is None else "timed_out"
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
         except BaseException as exc:
             if cancelled_from_outside(exc):
                 error = None if self.replaced_by is None else replaced(self.replaced_by)
+                _tell(args, self._why_cancelled())
                 raise
             # The job's own CancelledError, SystemExit...: a bug in it, its failure.
             outcome, error = "failed", exc
@@ -167,14 +173,31 @@ class GuardedRun(RunnerState):
         asked_from = None if asked is None or not manual else asked.asked_from
         observers.started(self.job.name, tick, started, attempt, manual, fence, asked_from)
 
+    def _still_running(self, args: tuple[JobContext, ...]) -> None:
+        """A sync run cancelled from outside (lease lost, shutdown past its
+        deadline, replaced) whose thread goes on: told (ctx.cancelled), and said
+        to be running."""
+        name, why = self.job.name, self._why_cancelled()
+        _tell(args, why)
+        self.logger.warning(
+            "job %r: its run is cancelled (%s), but its thread cannot be stopped "
+            "and is still running; the job can return once ctx.cancelled is true",
+            name,
+            why,
+            extra={"job": name},
+        )
+
+    def _why_cancelled(self) -> str:
+        """What `JobContext.cancel_reason` says of a run cancelled from outside."""
+        lease = self._lease
+        if lease is not None and lease.lost is not None:
+            return f"lease lost: {lease.lost}"
+        if self.replaced_by is not None:
+            return "replaced by a newer tick"
+        return "cancelled"
+
     async def _call_timed(
-        self,
-        until: float | None,
-        started: float,
-        tick: float,
-        state: Mapping[str, Any],
-        manual: bool,
-        fence: int | None,
+        self, until: float | None, started: float, args: tuple[JobContext, ...]
     ) -> TimeoutError | None:
         """Run the async job, cut at its timeout, or at ``until`` (a retry's
         bound) if that comes first: a TimeoutError if it was cut."""
@@ -184,9 +207,10 @@ class GuardedRun(RunnerState):
         else:
             until = None  # the job's own timeout comes first
         with anyio.move_on_after(limit) as scope:
-            await self.job.func(*self._args(tick, state, manual, fence))
+            await self.job.func(*args)
         if not scope.cancel_called:
             return None
+        _tell(args, "timed out")
         return TimeoutError(
             f"the run passed its timeout of {limit:g}s"
             if until is None
@@ -220,6 +244,8 @@ class GuardedRun(RunnerState):
             # never run, and must not leave the job "running" for good.
             if gate.abandon():
                 done.set()
+            elif not done.is_set():
+                self._still_running(args)
             raise
         if done.is_set():
             # Ended in time, or just after the deadline: the result counts.
@@ -230,9 +256,10 @@ class GuardedRun(RunnerState):
                 f"the run passed its timeout of {job.timeout:g}s waiting for a worker "
                 "thread (every one busy); it did not start"
             )
+        _tell(args, "timed out")
         self.logger.error(
             "job %r passed its timeout of %gs; its thread cannot be stopped and the "
-            "job counts as running until it returns",
+            "job counts as running until it returns (or sees ctx.cancelled)",
             job.name,
             job.timeout,
             extra={"job": job.name, "outcome": "timed_out"},

@@ -148,9 +148,10 @@ async def test_only_a_retry_or_an_old_tick_may_have_been_sent(tmp_path: Path) ->
     assert flaky.told == [False, True, True]
 
 
-async def test_the_task_gets_the_kwargs_as_json_gives_them_back() -> None:
-    """A tuple becomes a list before any queue sees it: every queue's task gets
-    the same values (arq would pickle the tuple, Celery send a list)."""
+async def test_the_task_gets_the_kwargs_as_returned_and_what_json_would_change_fails() -> None:
+    """Every queue's task gets the values the job returned: JSON values pass as
+    they are, and a tuple (which arq would pickle and Celery send as a list)
+    fails the run, saying what to return, before any queue sees it."""
     seen: list[dict[str, object]] = []
 
     class Seeing(Keyed):
@@ -158,7 +159,11 @@ async def test_the_task_gets_the_kwargs_as_json_gives_them_back() -> None:
             seen.append(dict(request.kwargs))
             return request.key
 
+    returned: dict[str, object] = {"pair": [1, 2], "by": {"7": None}}
     scheduler = Scheduler()
-    scheduler.every(hours=1, name="digest", enqueue=Seeing())(lambda: {"pair": (1, 2)})
+    scheduler.every(hours=1, name="digest", enqueue=Seeing())(lambda: returned)
     assert (await scheduler.run_now("digest")).outcome == "ok"
-    assert seen == [{"pair": [1, 2]}]
+    returned = {"pair": (1, 2)}
+    result = await scheduler.run_now("digest")
+    assert result.outcome == "failed" and "a tuple becomes a list" in str(result.error)
+    assert seen == [{"pair": [1, 2], "by": {"7": None}}]

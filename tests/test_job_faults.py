@@ -14,9 +14,9 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from fastapi_jobs import ConfigurationError, Every, Scheduler
+from fastapi_jobs import ConfigurationError, Every, JobContext, Scheduler
 
-from .conftest import HOUR, virtual_scheduler
+from .conftest import HOUR, START, virtual_scheduler
 from .support.waiting import poll
 
 pytestmark = pytest.mark.looptime
@@ -126,6 +126,34 @@ async def test_a_sync_job_past_its_timeout_never_runs_twice_at_once(
     assert after.last_error is not None and after.last_error.type == "TimeoutError"
     reported = [r.getMessage() for r in caplog.records]
     assert any("cannot be stopped" in m and "'blocking'" in m for m in reported)
+
+
+@pytest.mark.looptime(False)  # threads run in real time: so does this test
+async def test_a_sync_job_that_looks_at_ctx_cancelled_returns_when_cut() -> None:
+    """A sync job's thread cannot be stopped, but it is told: past its timeout,
+    or cut by a shutdown past its deadline, ``ctx.cancelled`` turns true with
+    the reason, and a job that looks at it returns (the run ends then)."""
+    reasons: list[str | None] = []
+
+    def until_cancelled(ctx: JobContext) -> None:
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.005)
+        reasons.append(ctx.cancel_reason)
+
+    scheduler = Scheduler(shutdown_timeout=0.05)
+    scheduler.add_job(until_cancelled, Every(hours=1), name="timed", timeout=0.05)
+    scheduler.add_job(until_cancelled, Every(hours=1), name="cut", run_on_startup=True)
+    result = await scheduler.run_now("timed")
+    assert result.outcome == "timed_out" and reasons == ["timed out"]
+    fresh = JobContext("timed", START, {}, logging.getLogger("x"))
+    assert not fresh.cancelled and fresh.cancel_reason is None
+    async with scheduler.running():
+        await poll(lambda: scheduler.job_status("cut").running)
+    # The shutdown cut the run; the thread saw it and returned.
+    await poll(lambda: len(reasons) == 2)
+    assert reasons[1] == "cancelled"
+    await poll(lambda: not scheduler.job_status("cut").running)
 
 
 async def test_a_sync_job_that_returns_a_coroutine_is_a_failed_run() -> None:

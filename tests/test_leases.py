@@ -26,6 +26,7 @@ from fastapi_jobs.observers import LeaseLost
 
 from .conftest import open_store
 from .support.instances import engine_for, hold_lock, instance
+from .support.partition import Partition
 from .support.postgres import PostgresServer
 from .support.waiting import poll
 
@@ -148,6 +149,56 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
     assert status.running is False
     assert [e.job for e in lost] == ["long"]  # observers are told
     assert "lease ran out" in lost[0].reason
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_sync_job_is_told_its_lease_is_lost_in_a_partition(
+    postgres: PostgresServer, driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An instance cut off from PostgreSQL (a partition: bytes vanish, nothing
+    closes) past the lease, mid-run of a sync job: the run is cancelled as a
+    lost lease, the log says its thread cannot be stopped and still runs, and
+    the thread, which looks at ctx.cancelled, sees why and returns within
+    about a lease of the cut, before a peer's run of the next tick is far along."""
+    database = postgres.create_database()
+    steps: list[float] = []
+    seen: list[tuple[str | None, float]] = []
+    async with Partition(postgres.port).running() as link:
+        url = f"postgresql+{driver}://postgres@127.0.0.1:{link.port}/{database}"
+        async with engine_for(url) as engine:
+            async with open_store(engine):  # the tables made, a connection pooled
+                pass
+            scheduler = instance(engine, lease=1.2, timeout=0.3)
+
+            @scheduler.every(days=36500)  # triggered only
+            def long(ctx: JobContext) -> None:
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    if ctx.cancelled:
+                        seen.append((ctx.cancel_reason, time.monotonic()))
+                        return
+                    steps.append(time.monotonic())
+                    time.sleep(0.02)
+
+            async def started() -> bool:  # a claim may pass the 0.3 s timeout: ask again
+                if not steps:
+                    with contextlib.suppress(StoreError, JobRunningError):
+                        await scheduler.trigger("long")
+                return bool(steps)
+
+            async with scheduler.running({"db": engine}):
+                await poll(started)
+                cut_at = time.monotonic()
+                link.cut()
+                await poll(lambda: bool(seen), within=10)
+                status = scheduler.job_status("long")
+                link.heal()
+    [(reason, at)] = seen
+    assert reason is not None and reason.startswith("lease lost"), reason
+    assert at - cut_at < 1.2 + 1.0  # the lease, and a margin for the renewal's timeout
+    assert status.last_outcome == "cancelled"
+    assert status.last_error is not None and status.last_error.type == "LeaseLostError"
+    assert "its thread cannot be stopped and is still running" in caplog.text
 
 
 async def test_after_a_lost_lease_the_job_runs_on_and_tells_its_own_cancel_apart(
