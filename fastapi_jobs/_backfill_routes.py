@@ -7,16 +7,15 @@ parsed, and every mistake in it one 422 whose ``detail`` says what to write."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ._backfill import MAX_TICKS, backfills
 from ._errors import ConfigurationError, JobNotFoundError, JobRunningError, NotRunningError
-from ._http import NOT_FOUND, fail
+from ._http import NOT_FOUND, fail, read_json
 
 if TYPE_CHECKING:
     from ._seam import Seam
@@ -105,26 +104,5 @@ def _instant(what: str, text: str) -> datetime:
 
 
 async def _read(request: Request) -> BackfillBody:
-    """The body, or a 422 saying what is wrong with it."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > _MAX_BODY:
-            _refuse(f"the body takes more than {_MAX_BODY} bytes: send e.g. {_EXAMPLE}")
-        chunks.append(chunk)
-    try:
-        data = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        _refuse(f"the body is not JSON: send an object, e.g. {_EXAMPLE}")
-    try:
-        return BackfillBody.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        if not first["loc"]:
-            _refuse(f"the body is not a JSON object: send e.g. {_EXAMPLE}")
-        where = ".".join(str(part) for part in first["loc"])[:60]
-        _refuse(f"{where}: {first['msg']} (send e.g. {_EXAMPLE})")
-
-
-def _refuse(detail: str) -> NoReturn:
-    raise HTTPException(422, detail)
+    """The body, or a 415 or 422 saying what is wrong with it."""
+    return await read_json(request, BackfillBody, _MAX_BODY, _EXAMPLE)

@@ -21,7 +21,7 @@ from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError
 from ._scheduler import Scheduler, seam_of
 from ._schedules import Cron, Every, Schedule
 from ._status import ErrorInfo
-from ._stored import StoredSchedule
+from ._stored import StoredSchedule, shown
 
 __all__ = ["add_parsers", "schedules"]
 
@@ -36,8 +36,8 @@ def add_parsers(commands: Any, target_help: str) -> None:
         "schedules",
         help="the schedules made at run time: name, task, schedule, kwargs, known",
         description="List the schedules made at run time (with a store: as the store has "
-        "them). 'unknown function': this release lacks the task (an instance that has it "
-        "runs the schedule).",
+        "them). 'left alone here': this release cannot run it, and says why (an instance "
+        "that can runs the schedule).",
         epilog="example:\n  fastapi-jobs schedules app.main:app",
         formatter_class=formatter,
     )
@@ -130,7 +130,10 @@ def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]
     if args.command == "schedules":
 
         async def listing() -> None:
-            for stored in await scheduler.schedules():
+            listed = await scheduler.schedules()
+            if not listed:
+                print("no schedules made at run time", file=sys.stderr)
+            for stored in listed:
                 print(_listed(stored))
 
         return listing
@@ -172,9 +175,9 @@ def _listed(stored: StoredSchedule) -> str:
     lines = [
         stored.name,
         f"  task {stored.task}"
-        + ("" if stored.known else ": unknown function (this release lacks it)"),
+        + ("" if stored.known else f": left alone here ({stored.left_alone})"),
         f"  {stored.schedule.describe()}",
-        f"  kwargs {json.dumps(dict(stored.kwargs))}",
+        f"  kwargs {json.dumps(shown(stored.kwargs))}",
     ]
     if stored.options:
         lines.append(f"  options {json.dumps(dict(stored.options))}")

@@ -50,7 +50,9 @@ async def _same_origin(request: Request) -> None:
     """Refuse a cross-origin browser request (CSRF): a page elsewhere must not
     make a logged-in browser run or pause jobs. Browsers say where a request
     comes from (Sec-Fetch-Site; Origin in older ones); a client that says
-    neither is not a browser (curl, httpx, the CLI), which no other site drives."""
+    neither is not a browser (curl, httpx, the CLI), which no other site drives.
+    An Origin is this app's when its scheme, host and port are the request's
+    (behind a proxy that ends TLS, uvicorn's --proxy-headers tells the scheme)."""
     site = request.headers.get("sec-fetch-site")
     if site is not None:
         if site in ("same-origin", "none"):
@@ -60,7 +62,7 @@ async def _same_origin(request: Request) -> None:
         if origin is None:
             return
         host = request.headers.get("host")
-        if host is not None and origin.partition("://")[2] == host:
+        if host is not None and origin.lower() == f"{request.url.scheme}://{host}".lower():
             return
     raise HTTPException(403, "cross-origin request refused: operate jobs from this app's own page")
 

@@ -18,8 +18,9 @@ from ._schedules import Schedule
 
 __all__ = ["RESERVED", "add_job", "add_observer", "add_observers"]
 
-RESERVED = ("instances", "schedules")
-"""Names the routes under ``/jobs`` take: no job may have them."""
+RESERVED = ("instances", "schedules", "ui")
+"""Names the routes under ``/jobs`` take (``GET /jobs/instances``, ``/jobs/schedules``,
+the page ``/jobs/ui``): no job may have them, or its status would be out of reach."""
 
 
 def add_job(
@@ -45,7 +46,8 @@ def add_job(
         raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
     if job.name in RESERVED:
         raise ConfigurationError(
-            f"the job name {job.name!r} is taken by GET /jobs/{job.name}: choose another name="
+            f"the job name {job.name!r} is taken by the route GET /jobs/{job.name}: choose "
+            "another name="
         )
     if job.catch_up is not None and (parts.store is None or job.every_instance):
         raise ConfigurationError(

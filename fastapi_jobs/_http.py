@@ -1,12 +1,15 @@
 """What the two routers share: an operation's error as its HTTP answer (or, for
-a form of the status page, a redirect back that says what happened), and the
-paths of the routes in the app that includes them."""
+a form of the status page, a redirect back that says what happened), a JSON
+body read and checked, and the paths of the routes in the app that includes
+them."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import json
+from typing import Any, NoReturn, TypeVar
 
 from fastapi import HTTPException, Request
+from pydantic import BaseModel, ValidationError
 from starlette.routing import NoMatchFound
 
 from ._errors import (
@@ -19,7 +22,9 @@ from ._errors import (
 )
 from ._page import notice_url
 
-__all__ = ["NOT_FOUND", "NO_STORE", "fail", "from_page", "path_of"]
+__all__ = ["NOT_FOUND", "NO_STORE", "fail", "from_page", "path_of", "read_json"]
+
+Model = TypeVar("Model", bound=BaseModel)
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No job has this name."}}
 NO_STORE: dict[int | str, dict[str, Any]] = {
@@ -66,3 +71,42 @@ def from_page(request: Request) -> str | None:
     if "text/html" not in request.headers.get("accept", ""):
         return None
     return path_of(request, "fastapi_jobs_ui")
+
+
+async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:
+    """The request's body as ``model``: 415 unless it says it is JSON (a page
+    elsewhere can post text/plain or a form with no preflight, never JSON), 422
+    saying what is wrong with it (past ``most`` bytes, not JSON, not the model;
+    ``example``: a body that works), never what was sent echoed whole."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/json" and not (
+        kind.startswith("application/") and kind.endswith("+json")
+    ):
+        got = repr(kind[:60]) if kind else "none"
+        raise HTTPException(
+            415, f"send the body as JSON, with Content-Type: application/json (got {got})"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > most:
+            _unprocessable(f"the body takes more than {most} bytes: send e.g. {example}")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        _unprocessable(f"the body is not JSON: send an object, e.g. {example}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        if not first["loc"]:
+            _unprocessable(f"the body is not a JSON object: send e.g. {example}")
+        where = ".".join(str(part) for part in first["loc"])
+        if len(where) > 60:  # a key that was sent: never echoed whole
+            where = f"{where[:60]}… ({len(where)} characters)"
+        _unprocessable(f"{where}: {first['msg']} (send e.g. {example})")
+
+
+def _unprocessable(detail: str) -> NoReturn:
+    raise HTTPException(422, detail)

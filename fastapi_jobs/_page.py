@@ -112,7 +112,7 @@ def render(
     query: str = "",
     total: int | None = None,
     matched: int | None = None,
-    unknown: Sequence[tuple[str, str]] = (),
+    unknown: Sequence[tuple[str, str, str]] = (),
 ) -> str:
     """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds):
     those shown, of ``matched`` jobs whose name holds ``query``, of ``total``;
@@ -339,19 +339,23 @@ def _filter(query: str, shown: int, matched: int, page: str) -> str:
     )
 
 
-def _unknown(schedules: Sequence[tuple[str, str]]) -> str:
-    """The stored schedules whose task this release lacks: never silently gone."""
+def _unknown(schedules: Sequence[tuple[str, str, str]]) -> str:
+    """The stored schedules this instance leaves alone, each with why (its task
+    missing, arguments its task does not take, a spec it cannot read): never
+    silently gone."""
     items = "".join(
-        f"<li><code>{escape(name)}</code> (task <code>{escape(task)}</code>)</li>"
-        for name, task in schedules[:PAGE_JOBS]
+        f"<li><code>{escape(name)}</code> (task <code>{escape(task)}</code>)"
+        + (f': <span class="sub">{escape(why)}</span>' if why else "")
+        + "</li>"
+        for name, task, why in schedules[:PAGE_JOBS]
     )
     more = len(schedules) - PAGE_JOBS
     if more > 0:
         items += f'<li class="sub">and {more} more (GET /jobs/schedules lists them)</li>'
     return (
         f'<section class="unknown"><h2>Schedules this instance cannot run ({len(schedules)})'
-        '</h2><p class="sub">Their task is not in this release\'s code: the instances that '
-        "have it run them.</p><ul>" + items + "</ul></section>\n"
+        '</h2><p class="sub">This instance leaves them alone, for the reason given; the '
+        "instances that can run them do.</p><ul>" + items + "</ul></section>\n"
     )
 
 

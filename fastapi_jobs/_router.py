@@ -78,7 +78,7 @@ def _add_page(router: APIRouter, seam: Seam) -> None:
             query=q,
             total=len(statuses),
             matched=len(matched),
-            unknown=[(s.name, s.task) for s in seam.schedules_here() if not s.known],
+            unknown=seam.left_alone(),
         )
         return HTMLResponse(html, headers=_PAGE_HEADERS)
 

@@ -116,10 +116,13 @@ class ScheduleBook(ScheduleReading):
 
     def _refuse_declared(self, name: str) -> str:
         name = check_name(name)
-        if name in RESERVED or (name in self._parts.runners and not self._jobs.runs(name)):
+        if name in RESERVED:
             raise ConfigurationError(
-                f"schedule {name!r}: a declared job has that name (or a route does): "
-                "choose another name"
+                f"schedule {name!r}: the route GET /jobs/{name} has that name: choose another name"
+            )
+        if name in self._parts.runners and not self._jobs.runs(name):
+            raise ConfigurationError(
+                f"schedule {name!r}: a declared job has that name: choose another name"
             )
         return name
 
@@ -249,7 +252,10 @@ class ScheduleBook(ScheduleReading):
             ) from exc
 
     def _not_found(self, name: str) -> JobNotFoundError:
-        return JobNotFoundError(name, sorted(self.schedules), kind="schedule")
+        # The store has no such schedule; this instance may not have heard yet of
+        # its removal elsewhere: not listed as one it has.
+        known = sorted(n for n in self.schedules if n != name)
+        return JobNotFoundError(name, known, kind="schedule")
 
     async def _write(self, verb: str, name: str, write: Callable[[], Any]) -> ScheduleRow | None:
         """A write to the store's table, told as a pause's change is: `StoreError`

@@ -197,7 +197,7 @@ class ScheduleReading:
 
     def _leave_alone(self, row: ScheduleRow, stored: StoredSchedule, why: str) -> StoredSchedule:
         """Not run here, listed as such (``known=False``), said once per version."""
-        stored = replace(stored, known=False)
+        stored = replace(stored, known=False, left_alone=why)
         self.schedules[row.name] = stored
         self._jobs.retire(row.name)
         if (row.name, row.version) not in self._told:

@@ -9,13 +9,12 @@ as the other endpoints' errors do, without echoing back what was sent.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ._checks import MAX_NAME
 from ._errors import (
@@ -24,9 +23,9 @@ from ._errors import (
     NameTakenError,
     StoreError,
 )
-from ._http import fail
+from ._http import fail, read_json
 from ._schedules import Schedule
-from ._stored import MAX_SPEC, StoredSchedule, schedule_from
+from ._stored import MAX_SPEC, StoredSchedule, schedule_from, shown
 
 if TYPE_CHECKING:
     from ._seam import Seam
@@ -59,20 +58,29 @@ class ScheduleInfo(BaseModel):
 
     name: str = Field(description="Its name, which is also its job's.")
     task: str = Field(description="The function it runs (registered with @scheduler.task()).")
-    schedule: dict[str, Any] = Field(description=_SPEC)
+    schedule: dict[str, Any] | None = Field(
+        description=f"{_SPEC} None: a spec this release cannot read (written by a newer one)."
+    )
     describe: str = Field(description="The schedule in words, as GET /jobs says it.")
     kwargs: dict[str, Any] = Field(description="What each run passes the task, by keyword.")
     options: dict[str, Any] = Field(description="The job's options (durations in seconds).")
     version: int = Field(description="Grows with each change.")
     updated_at: datetime | None
     known: bool = Field(
-        description="False: this instance lacks the task (an older release: an unknown "
-        "function here); it leaves the schedule alone, and the instances that have it run it."
+        description="False: this instance leaves the schedule alone (see left_alone), and "
+        "the instances that can run it do."
+    )
+    left_alone: str | None = Field(
+        default=None,
+        description="Why this instance leaves it alone: its task missing, arguments its task "
+        "does not take, a spec it cannot read, a declared job's name. Null while it runs it.",
     )
 
     @classmethod
     def of(cls, stored: StoredSchedule) -> ScheduleInfo:
-        return cls.model_validate(stored.to_dict())
+        data = stored.to_dict()
+        data["kwargs"] = shown(data["kwargs"])  # no row fails the listing
+        return cls.model_validate(data)
 
 
 class NewSchedule(BaseModel):
@@ -193,30 +201,8 @@ def _add_change_and_removal(router: APIRouter, seam: Seam) -> None:
 
 
 async def _read(request: Request, model: type[Body]) -> Body:
-    """The body as ``model``, or a 422 saying what is wrong with it."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            _refuse(
-                f"the body takes more than {MAX_BODY} bytes: keep large data in the app's "
-                "tables, and pass its key in kwargs"
-            )
-        chunks.append(chunk)
-    try:
-        data = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        _refuse(f"the body is not JSON: send an object, e.g. {_example(model)}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        if not first["loc"]:
-            _refuse(f"the body is not a JSON object: send e.g. {_example(model)}")
-        where = ".".join(str(part) for part in first["loc"])
-        if len(where) > 60:  # a key that was sent: never echoed whole
-            where = f"{where[:60]}… ({len(where)} characters)"
-        _refuse(f"{where}: {first['msg']} (send e.g. {_example(model)})")
+    """The body as ``model``, or a 415 or 422 saying what is wrong with it."""
+    return await read_json(request, model, MAX_BODY, _example(model))
 
 
 def _schedule(data: dict[str, Any]) -> Schedule:

@@ -130,6 +130,10 @@ class Seam:
         of the store at each refresh."""
         return sorted(self._book.schedules.values(), key=lambda s: s.name)
 
+    def left_alone(self) -> list[tuple[str, str, str]]:
+        """The stored schedules this instance cannot run: (name, task, why)."""
+        return [(s.name, s.task, s.left_alone or "") for s in self.schedules_here() if not s.known]
+
     async def schedules(self) -> list[StoredSchedule]:
         """Every stored schedule, as the store has it now."""
         return await self._book.list()  # a failed read is the book's StoreError

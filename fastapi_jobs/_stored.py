@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from ._policies import OVERLAPS
 from ._schedules import Cron, Every, Schedule
 
 __all__ = [
+    "HIDDEN",
     "MAX_SPEC",
     "ScheduleOptions",
     "ScheduleRow",
@@ -37,6 +39,8 @@ __all__ = [
     "check_stored_options",
     "decode",
     "encode",
+    "is_text",
+    "shown",
     "task_of",
 ]
 
@@ -85,6 +89,10 @@ class StoredSchedule:
     """Whether this instance runs it: it has the task, reads the spec, and the
     task takes the arguments (an older or newer release may not: it leaves the
     schedule alone)."""
+    left_alone: str | None = None
+    """Why this instance leaves it alone (its task missing, arguments its task
+    does not take, a spec it cannot read, a declared job's name); None while it
+    runs it."""
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON form, as the API and the CLI show it (``schedule`` None: a
@@ -105,6 +113,7 @@ class StoredSchedule:
             if self.updated_at is None
             else self.updated_at.isoformat().replace("+00:00", "Z"),  # as the API's models
             "known": self.known,
+            "left_alone": self.left_alone,
         }
 
 
@@ -186,9 +195,17 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise ConfigurationError(f"{said}: {short(kwargs)}: pass a dict with string keys")
     try:
-        copied = json.loads(json.dumps(dict(kwargs), allow_nan=False))
+        encoded = json.dumps(dict(kwargs), allow_nan=False, ensure_ascii=False)
+        copied = json.loads(encoded)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(f"{said}: {short(kwargs)}: not JSON values ({exc})") from None
+    if not is_text(encoded):
+        # Valid JSON ("\ud800" escaped), but no UTF-8 text: stored, it would fail
+        # every listing that shows it.
+        raise ConfigurationError(
+            f"{said}: a string holds a lone surrogate (such as \\ud800), which is not "
+            "text: send valid Unicode"
+        )
     if _depth(copied) > MAX_DEPTH:
         raise ConfigurationError(
             f"{said}: nested more than {MAX_DEPTH} levels deep: keep large data in the "
@@ -223,6 +240,53 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
     if missing:
         raise ConfigurationError(f"{said}: it needs the argument(s) {', '.join(missing)}")
     return dict(copied)
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text that UTF-8 can carry (no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` as a listing shows them (the API, the page, the CLI): a value
+    under a name like a secret's (``password``, ``token``, ``api_key``, at any
+    depth) is `HIDDEN`, as a database error's quoted values are on the status
+    page; and a lone surrogate that a row got some other way (written by hand,
+    an older release) becomes U+FFFD, so that one row cannot fail the listing of
+    every schedule."""
+    masked: dict[str, Any] = _masked(kwargs)
+    encoded = json.dumps(masked, ensure_ascii=False)
+    if is_text(encoded):
+        return masked
+    # A str holds a character past U+FFFF as one code point: any surrogate is lone.
+    fixed: dict[str, Any] = json.loads(_SURROGATE.sub("\ufffd", encoded))
+    return fixed
+
+
+HIDDEN = "[hidden]"
+"""What a listing shows in place of a value under a name like a secret's."""
+
+_SECRET = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|auth|credential|private[-_]?key|cookie",
+    re.IGNORECASE,
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _masked(value: Any) -> Any:
+    """``value`` (JSON) with what its secret-like names hold hidden."""
+    if isinstance(value, Mapping):
+        return {
+            key: HIDDEN if isinstance(key, str) and _SECRET.search(key) else _masked(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_masked(item) for item in value]
+    return value
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

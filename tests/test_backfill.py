@@ -217,7 +217,9 @@ async def test_the_endpoint_starts_a_backfill_202_409_422_401() -> None:
             refused = await client.post("/jobs/report/backfill", json=sent, headers=ADMIN)
             assert refused.status_code in (409, 422), (what, refused.text)
         huge = await client.post(
-            "/jobs/report/backfill", content=b"{" + b" " * 2000 + b"}", headers=ADMIN
+            "/jobs/report/backfill",
+            content=b"{" + b" " * 2000 + b"}",
+            headers={**ADMIN, "content-type": "application/json"},
         )
         assert huge.status_code == 422 and "more than 1024 bytes" in huge.json()["detail"]
         await anyio.sleep(60.0)  # the four runs

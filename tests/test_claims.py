@@ -173,12 +173,16 @@ async def test_a_tick_claimed_as_the_app_stops_still_runs(tmp_path: Path) -> Non
     assert tuple(row) == (next_tick, "ok")
 
 
-def test_instances_is_a_reserved_job_name() -> None:
-    """GET /jobs/instances is the instance list, so no job may be called that."""
+@pytest.mark.parametrize("name", ["instances", "schedules", "ui"])
+def test_the_names_of_the_routes_under_jobs_are_refused_as_job_names(name: str) -> None:
+    """GET /jobs/instances, /jobs/schedules and the page /jobs/ui shadow
+    GET /jobs/{name}: no job may be called so, and the error names the route."""
     from fastapi_jobs import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="'instances' is taken"):
-        Scheduler().add_job(_noop, Every(hours=1), name="instances")
+    with pytest.raises(
+        ConfigurationError, match=f"'{name}' is taken by the route GET /jobs/{name}"
+    ):
+        Scheduler().add_job(_noop, Every(hours=1), name=name)
 
 
 async def test_warns_when_several_processes_run_without_a_store(

@@ -156,6 +156,9 @@ async def test_a_form_gets_a_redirect_to_the_page_and_an_api_call_gets_json() ->
         ({"Sec-Fetch-Site": "cross-site"}, False),
         ({"Sec-Fetch-Site": "same-site"}, False),  # another subdomain
         ({"Origin": "http://test"}, True),  # older browsers: Origin against Host
+        ({"Origin": "HTTP://Test"}, True),  # schemes and hosts are not case-sensitive
+        ({"Origin": "https://test"}, False),  # another scheme: another origin
+        ({"Origin": "http://test:8080"}, False),  # another port: another origin
         ({"Origin": "http://evil.example"}, False),
         ({"Origin": "null"}, False),  # a sandboxed frame, a data: page
     ],
@@ -269,6 +272,9 @@ async def test_the_page_says_which_jobs_are_schedules_and_which_it_cannot_run(
         spec = encode(Every(hours=240), {}, {})
         await store.schedules.create("legacy-sync", "gone_task", spec)
         await store.schedules.create(hostile, "<b>old</b>", spec)
+        # Made for a release whose task took "tenant_id": this one's takes "tenant".
+        renamed = encode(Every(hours=240), {"tenant_id": "a"}, {})
+        await store.schedules.create("renamed-arg", "report", renamed)
     scheduler = Scheduler(store=SQLAlchemyStore(url, timeout=1, heartbeat=0.2))
 
     @scheduler.task()
@@ -285,8 +291,13 @@ async def test_the_page_says_which_jobs_are_schedules_and_which_it_cannot_run(
     assert set(rows(page)) == {"declared", "acme"}  # the unknown ones are no jobs here
     section = page[page.index('<section class="unknown">') :]
     section = section[: section.index("</section>")]
-    assert "Schedules this instance cannot run (2)" in section
-    assert "<li><code>legacy-sync</code> (task <code>gone_task</code>)</li>" in section
+    assert "Schedules this instance cannot run (3)" in section
+    assert "<li><code>legacy-sync</code> (task <code>gone_task</code>): " in section
+    assert "names the task &#x27;gone_task&#x27;, which this instance lacks" in section
+    # Its task is here; the arguments it was made with are what this one lacks.
+    renamed_item = section[section.index("<code>renamed-arg</code>") :].split("</li>")[0]
+    assert "takes no argument &#x27;tenant_id&#x27;" in renamed_item
+    assert "not in this release" not in section
     assert "<code>&lt;img src=x onerror=alert(1)&gt;</code>" in section
     assert "(task <code>&lt;b&gt;old&lt;/b&gt;</code>)" in section
     assert "<img" not in page and "<b>" not in page

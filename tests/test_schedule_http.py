@@ -143,6 +143,74 @@ async def test_changes_take_the_apps_auth_and_refuse_other_sites() -> None:
         assert (await client.get("/jobs/schedules")).json() == []  # nothing made
 
 
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
+async def test_a_body_that_does_not_say_it_is_json_is_415(content_type: str | None) -> None:
+    """A page elsewhere can post text/plain, a form or multipart with no
+    preflight, never JSON: a body of JSON sent so is refused (415), nothing
+    made; application/json (with a charset) and +json types are JSON."""
+    headers = dict(ADMIN)
+    if content_type is not None:
+        headers["content-type"] = content_type
+    body = json.dumps(REPORT).encode()
+    async with serve(make_app(with_report([]))) as client:
+        refused = await client.post("/jobs/schedules", content=body, headers=headers)
+        backfill = await client.post(
+            "/jobs/acme-report/backfill",
+            content=b'{"since": "2026-03-01T00:00:00Z", "until": "2026-03-01T01:00:00Z"}',
+            headers=headers,
+        )
+        assert (await client.get("/jobs/schedules")).json() == []
+        fine = {**ADMIN, "content-type": "application/json; charset=utf-8"}
+        made = await client.post("/jobs/schedules", content=body, headers=fine)
+        suffixed = {**ADMIN, "content-type": "application/merge-patch+json"}
+        patched = await client.patch(
+            "/jobs/schedules/acme-report", content=b'{"kwargs": {"tenant": "b"}}', headers=suffixed
+        )
+    for answer in (refused, backfill):
+        assert answer.status_code == 415, answer.text
+        assert "Content-Type: application/json" in answer.json()["detail"]
+    assert made.status_code == 201 and patched.status_code == 200, (made.text, patched.text)
+
+
+@pytest.mark.looptime
+async def test_values_under_names_like_secrets_are_hidden_in_the_listing() -> None:
+    """A schedule's kwargs are status anyone who reads /jobs sees: a value under a
+    name like a secret's, at any depth, is listed as "[hidden]" (the task still
+    gets it), as a database error's quoted values are on the status page."""
+    got: list[dict[str, Any]] = []
+    scheduler = virtual_scheduler()
+
+    @scheduler.task()
+    async def sync(**kwargs: Any) -> None:
+        got.append(kwargs)
+
+    secrets = {
+        "user": "ana",
+        "password": "hunter2",
+        "source": {"api_key": "k-123", "url": "https://example.com", "Auth_Token": "t"},
+        "hooks": [{"client_secret": "s"}],
+    }
+    body = {"name": "s", "task": "sync", "schedule": {"every": 3600}, "kwargs": secrets}
+    async with serve(make_app(scheduler)) as client:
+        made = await client.post("/jobs/schedules", json=body, headers=ADMIN)
+        listed = (await client.get("/jobs/schedules")).json()
+        await scheduler.run_now("s")
+    hidden = {
+        "user": "ana",
+        "password": "[hidden]",
+        "source": {"api_key": "[hidden]", "url": "https://example.com", "Auth_Token": "[hidden]"},
+        "hooks": [{"client_secret": "[hidden]"}],
+    }
+    assert made.status_code == 201 and made.json()["kwargs"] == hidden
+    assert [s["kwargs"] for s in listed] == [hidden]
+    assert "hunter2" not in json.dumps(listed)
+    assert got == [secrets]  # the task gets what was given
+
+
 NESTED = "[" * 20_000 + "]" * 20_000
 
 
@@ -166,7 +234,11 @@ NESTED = "[" * 20_000 + "]" * 20_000
         ("POST", {**REPORT, "name": "bad\x00name"}, r"holds '\x00'"),
         ("POST", {**REPORT, "name": "x" * 201}, "1 to 200"),
         ("POST", {**REPORT, "name": "declared"}, "a declared job has that name"),
-        ("POST", {**REPORT, "name": "schedules"}, "(or a route does)"),
+        ("POST", {**REPORT, "name": "schedules"}, "the route GET /jobs/schedules has that name"),
+        ("POST", {**REPORT, "name": "ui"}, "the route GET /jobs/ui has that name"),
+        ("POST", {**REPORT, "kwargs": {"tenant": "\ud800"}}, "a lone surrogate"),
+        ("POST", {**REPORT, "kwargs": {"tenant": ["ok", {"\udfff": 1}]}}, "a lone surrogate"),
+        ("PATCH", {"kwargs": {"tenant": "a\ud800b"}}, "a lone surrogate"),
         ("POST", {**REPORT, "schedule": {"cron": "0 7 * * mom"}}, "invalid cron expression"),
         ("POST", {**REPORT, "schedule": {"cron": "@daily", "tz": "Mars/X"}}, "unknown timezone"),
         ("POST", {**REPORT, "schedule": {"cron": "@daily", "tz": 5}}, "tz= takes an IANA name"),

@@ -337,6 +337,30 @@ async def test_the_tenant_example_makes_changes_and_removes_over_http(
     ]
 
 
+async def test_a_removal_repeated_where_the_first_is_not_heard_of_yet_says_so(
+    database_url: str,
+) -> None:
+    """A removes 't1'; B, whose heartbeat has not read that yet, is asked to
+    remove it too: not found, and the answer does not list 't1' among the
+    schedules it says there are."""
+    ran: Ran = Counter()
+    a = instance(database_url, ran)
+    b = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=60, lease=10, timeout=2))
+
+    @b.task()
+    async def report(ctx: JobContext, tenant: str) -> None: ...
+
+    async with running(a, b):
+        await a.add_schedule("t1", "report", Every(hours=1), kwargs={"tenant": "x"})
+        await a.add_schedule("t2", "report", Every(hours=1), kwargs={"tenant": "y"})
+        await b.schedules()  # B reads both now; its next read is a minute away
+        await a.remove_schedule("t1")
+        with pytest.raises(JobNotFoundError) as raised:
+            await b.remove_schedule("t1")
+    said = str(raised.value)
+    assert "no schedule named 't1'" in said and "the schedules are: 't2'" in said, said
+
+
 async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -354,6 +378,32 @@ async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
     assert [(s.name, s.known, s.to_dict()["schedule"]) for s in listed] == [("newer", False, None)]
     said = [r.getMessage() for r in caplog.records if "is left alone here" in r.getMessage()]
     assert len(said) == 1 and "cannot be read by this release" in said[0]
+
+
+async def test_a_row_whose_kwargs_are_not_text_cannot_fail_the_listing(database_url: str) -> None:
+    """A row whose kwargs hold a lone surrogate (valid JSON, written by hand or by
+    an older release, which let it in), and one whose spec this release cannot
+    read: GET /jobs/schedules answers on every instance, showing U+FFFD in the
+    surrogate's place and no spec for the other, and the rows beside them."""
+    async with opened(database_url) as (store, _):
+        spec = '{"schedule":{"every":3600,"offset":0},"kwargs":{"tenant":"a\\ud800b"}}'
+        await store.schedules.create("odd", "report", spec)
+        await store.schedules.create("newer", "report", '{"schedule":{"weekly":1},"kwargs":{}}')
+    ran: Ran = Counter()
+    scheduler = instance(database_url, ran)
+    async with running(scheduler):
+        await scheduler.add_schedule("fine", "report", Every(hours=1), kwargs={"tenant": "ü"})
+        app = FastAPI()
+        app.include_router(scheduler.router)
+        async with serve(app) as client:
+            answer = await client.get("/jobs/schedules")
+    assert answer.status_code == 200, answer.text
+    listed = {s["name"]: (s["kwargs"], s["schedule"] is None) for s in answer.json()}
+    assert listed == {
+        "odd": ({"tenant": "a\ufffdb"}, False),
+        "newer": ({}, True),
+        "fine": ({"tenant": "ü"}, False),
+    }
 
 
 async def test_arguments_this_releases_task_does_not_take_leave_the_schedule_alone(

@@ -196,7 +196,7 @@ async def test_bad_schedules_are_refused_saying_which() -> None:
         ({"schedule": Cron("0 7 * * *", tz="Factory")}, r"this host's own zone"),
         ({"kwargs": {"tenant": "x" * 70000}}, r"the most is 65536"),
         ({"name": "declared"}, r"a declared job has that name"),
-        ({"name": "instances"}, r"a declared job has that name \(or a route does\)"),
+        ({"name": "instances"}, "the route GET /jobs/instances has that name"),
         ({"name": "a/b"}, r"no '/'"),
         ({"name": "x" * 201}, r"1 to 200"),
         ({"name": "bad\x00name"}, r"holds '\\x00'"),
