@@ -10,6 +10,7 @@ import warnings as _warnings
 from typing import Any as _Any
 
 from ._backfill_results import BackfillResult, BackfillTick
+from ._bounds import ScheduleBounds
 from ._clock import Clock, SystemClock
 from ._context import JobContext
 from ._control import TriggeredRun
@@ -65,6 +66,7 @@ __all__ = [
     "RunReplacedError",
     "RunResult",
     "Schedule",
+    "ScheduleBounds",
     "Scheduler",
     "StoreError",
     "StoredSchedule",

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError
+from ._redaction import shown
 from ._scheduler import Scheduler, seam_of
 from ._schedules import Cron, Every, Schedule
 from ._status import ErrorInfo
-from ._stored import StoredSchedule, shown
+from ._stored import StoredSchedule
 
 __all__ = ["add_parsers", "schedules"]
 

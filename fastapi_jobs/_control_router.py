@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
 from ._backfill_routes import add_backfill
+from ._bounds import ScheduleBounds
 from ._errors import (
     ConfigurationError,
     JobNotFoundError,
@@ -116,13 +117,15 @@ class TriggerEnded(TriggerAccepted):
     error: ErrorInfo | None
 
 
-def build_control_router(seam: Seam, dependencies: Sequence[Any]) -> APIRouter:
+def build_control_router(
+    seam: Seam, dependencies: Sequence[Any], bounds: ScheduleBounds
+) -> APIRouter:
     router = APIRouter(
         prefix="/jobs", tags=["jobs"], dependencies=[Depends(_same_origin), *dependencies]
     )
     _add_run(router, seam)
     _add_pauses(router, seam)
-    add_schedule_changes(router, seam)
+    add_schedule_changes(router, seam, bounds)
     add_backfill(router, seam)
     return router
 

@@ -16,11 +16,22 @@ from ._parts import Parts
 from ._runner import JobRunner
 from ._schedules import Schedule
 
-__all__ = ["RESERVED", "add_job", "add_observer", "add_observers"]
+__all__ = ["RESERVED", "add_job", "add_observer", "add_observers", "check_catch_up"]
 
 RESERVED = ("instances", "schedules", "ui")
 """Names the routes under ``/jobs`` take (``GET /jobs/instances``, ``/jobs/schedules``,
 the page ``/jobs/ui``): no job may have them, or its status would be out of reach."""
+
+
+def check_catch_up(job: Job, store: object) -> None:
+    """`ConfigurationError` for a catch-up that nothing can remember (a declared
+    job's, or a stored schedule's)."""
+    if job.catch_up is not None and (store is None or job.every_instance):
+        raise ConfigurationError(
+            f"job {job.name!r}: catch_up= needs the store to remember the last tick "
+            "across restarts: pass Scheduler(store=...), and do not combine it "
+            "with every_instance=True"
+        )
 
 
 def add_job(
@@ -49,12 +60,7 @@ def add_job(
             f"the job name {job.name!r} is taken by the route GET /jobs/{job.name}: choose "
             "another name="
         )
-    if job.catch_up is not None and (parts.store is None or job.every_instance):
-        raise ConfigurationError(
-            f"job {job.name!r}: catch_up= needs the store to remember the last tick "
-            "across restarts: pass Scheduler(store=...), and do not combine it "
-            "with every_instance=True"
-        )
+    check_catch_up(job, parts.store)
     runner = parts.runners[job.name] = JobRunner(
         job, parts.ticking, parts.logger, parts.leases, parts.history
     )

@@ -16,6 +16,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._bounds import ScheduleBounds
 from ._checks import MAX_NAME
 from ._errors import (
     ConfigurationError,
@@ -24,8 +25,9 @@ from ._errors import (
     StoreError,
 )
 from ._http import fail, read_json
+from ._redaction import shown
 from ._schedules import Schedule
-from ._stored import MAX_SPEC, StoredSchedule, schedule_from, shown
+from ._stored import MAX_SPEC, StoredSchedule, schedule_from
 
 if TYPE_CHECKING:
     from ._seam import Seam
@@ -132,7 +134,7 @@ def add_schedule_list(router: APIRouter, seam: Seam) -> None:
             fail(exc)
 
 
-def add_schedule_changes(router: APIRouter, seam: Seam) -> None:
+def add_schedule_changes(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:
     @router.post(
         "/schedules",
         status_code=201,
@@ -148,8 +150,10 @@ def add_schedule_changes(router: APIRouter, seam: Seam) -> None:
     async def add_schedule(request: Request) -> ScheduleInfo:
         body = await _read(request, NewSchedule)
         try:
+            schedule = _schedule(body.schedule)
+            bounds.check(body.name, schedule, body.options)
             made = await seam.add_schedule(
-                body.name, body.task, _schedule(body.schedule), body.kwargs, body.options
+                body.name, body.task, schedule, body.kwargs, body.options
             )
         except NameTakenError as exc:
             raise HTTPException(409, str(exc)) from None
@@ -157,10 +161,10 @@ def add_schedule_changes(router: APIRouter, seam: Seam) -> None:
             fail(exc)
         return ScheduleInfo.of(made)
 
-    _add_change_and_removal(router, seam)
+    _add_change_and_removal(router, seam, bounds)
 
 
-def _add_change_and_removal(router: APIRouter, seam: Seam) -> None:
+def _add_change_and_removal(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:
     @router.patch(
         "/schedules/{name}",
         response_model=ScheduleInfo,
@@ -174,10 +178,12 @@ def _add_change_and_removal(router: APIRouter, seam: Seam) -> None:
         if all(part is None for part in given) and not body.options:
             _refuse("give at least one of task, schedule, kwargs, options")
         try:
+            schedule = None if body.schedule is None else _schedule(body.schedule)
+            bounds.check(name, schedule, body.options or {})
             changed = await seam.update_schedule(
                 name,
                 task=body.task,
-                schedule=None if body.schedule is None else _schedule(body.schedule),
+                schedule=schedule,
                 kwargs=body.kwargs,
                 options=body.options or {},
             )

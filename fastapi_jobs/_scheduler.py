@@ -17,6 +17,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ._backfill_api import BackfillMethods
+from ._bounds import ScheduleBounds
 from ._checks import flag, seconds
 from ._clock import Clock, OffsetClock, SystemClock
 from ._control import TriggeredRun
@@ -371,7 +372,11 @@ class Scheduler(ScheduleMethods, BackfillMethods):
         return self._router
 
     def control_router(
-        self, *, dependencies: Sequence[Any] | None = None, public: bool = False
+        self,
+        *,
+        dependencies: Sequence[Any] | None = None,
+        public: bool = False,
+        bounds: ScheduleBounds | None = None,
     ) -> APIRouter:
         """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause``, ``/resume``, and
         ``POST /jobs/schedules``, ``PATCH`` and ``DELETE /jobs/schedules/{name}``.
@@ -380,8 +385,15 @@ class Scheduler(ScheduleMethods, BackfillMethods):
         ``scheduler.control_router(dependencies=[Depends(require_admin)])``.
         Without dependencies it refuses to be built (anyone could run or stop
         jobs) unless ``public=True`` says so on purpose.
+        ``bounds``: what a schedule made or changed over HTTP may ask
+        (`ScheduleBounds`: by default ticks 10 s apart at least, durations
+        of a week at most, 10 retries).
         Include it beside `router`, under the same ``/jobs``.
         """
+        if bounds is not None and not isinstance(bounds, ScheduleBounds):
+            raise ConfigurationError(
+                f"control_router(bounds={short(bounds)}): pass a ScheduleBounds(...)"
+            )
         flag("public", public, context="control_router(): ")
         if not dependencies and not public:
             raise ConfigurationError(
@@ -392,7 +404,9 @@ class Scheduler(ScheduleMethods, BackfillMethods):
             )
         from ._control_router import build_control_router
 
-        return build_control_router(self._seam, list(dependencies or ()))
+        return build_control_router(
+            self._seam, list(dependencies or ()), bounds or ScheduleBounds()
+        )
 
 
 def seam_of(scheduler: Scheduler) -> Seam:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,10 +24,10 @@ from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
 from ._policies import OVERLAPS
+from ._redaction import is_text
 from ._schedules import Cron, Every, Schedule
 
 __all__ = [
-    "HIDDEN",
     "MAX_SPEC",
     "ScheduleOptions",
     "ScheduleRow",
@@ -39,8 +38,6 @@ __all__ = [
     "check_stored_options",
     "decode",
     "encode",
-    "is_text",
-    "shown",
     "task_of",
 ]
 
@@ -240,53 +237,6 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
     if missing:
         raise ConfigurationError(f"{said}: it needs the argument(s) {', '.join(missing)}")
     return dict(copied)
-
-
-def is_text(value: str) -> bool:
-    """Whether ``value`` is Unicode text that UTF-8 can carry (no lone surrogate)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def shown(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` as a listing shows them (the API, the page, the CLI): a value
-    under a name like a secret's (``password``, ``token``, ``api_key``, at any
-    depth) is `HIDDEN`, as a database error's quoted values are on the status
-    page; and a lone surrogate that a row got some other way (written by hand,
-    an older release) becomes U+FFFD, so that one row cannot fail the listing of
-    every schedule."""
-    masked: dict[str, Any] = _masked(kwargs)
-    encoded = json.dumps(masked, ensure_ascii=False)
-    if is_text(encoded):
-        return masked
-    # A str holds a character past U+FFFF as one code point: any surrogate is lone.
-    fixed: dict[str, Any] = json.loads(_SURROGATE.sub("\ufffd", encoded))
-    return fixed
-
-
-HIDDEN = "[hidden]"
-"""What a listing shows in place of a value under a name like a secret's."""
-
-_SECRET = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|auth|credential|private[-_]?key|cookie",
-    re.IGNORECASE,
-)
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _masked(value: Any) -> Any:
-    """``value`` (JSON) with what its secret-like names hold hidden."""
-    if isinstance(value, Mapping):
-        return {
-            key: HIDDEN if isinstance(key, str) and _SECRET.search(key) else _masked(item)
-            for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [_masked(item) for item in value]
-    return value
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from ._declaring import check_catch_up
 from ._job import Job
 from ._parts import Parts
 from ._runner import JobRunner
@@ -40,7 +41,9 @@ class StoredJobs:
         func, _ = tasks[stored.task]
         bound = partial(func, **stored.kwargs) if stored.kwargs else func
         options: dict[str, Any] = {"name": stored.name, **stored.options}
-        return Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
+        job = Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
+        check_catch_up(job, self._parts.store)
+        return job
 
     def install(self, job: Job, version: int) -> None:
         """Run ``job`` here from now on, in place of its schedule's job before."""

@@ -39,6 +39,7 @@ def test_exported_members() -> None:
         "RunRecord",
         "RunResult",
         "Schedule",
+        "ScheduleBounds",
         "Scheduler",
         "StoreError",
         "StoredSchedule",

@@ -146,7 +146,8 @@ def test_the_page_shows_every_job_in_its_state_and_html_as_text(browser: Any, ap
 
 def test_the_page_shows_the_schedules_made_at_run_time(browser: Any, app: App) -> None:
     """A stored schedule's job says so under its schedule, with its task; the one
-    whose task this release lacks is listed once, below, and is no job here."""
+    whose task this release lacks is listed once, below, saying why, and is no
+    job here."""
     watched = open_page(browser, app)
     page = watched.page
     row = page.locator("tr.job", has=page.locator("th code", has_text="tenant-report"))
@@ -154,7 +155,10 @@ def test_the_page_shows_the_schedules_made_at_run_time(browser: Any, app: App) -
     assert page.locator("tr.job .made").count() == 1
     unknown = page.locator("section.unknown")
     assert unknown.locator("h2").inner_text() == "Schedules this instance cannot run (1)"
-    assert unknown.locator("li").all_inner_texts() == ["legacy-sync (task sync_ledger)"]
+    assert unknown.locator("li").all_inner_texts() == [
+        "legacy-sync (task sync_ledger): it names the task 'sync_ledger', which this "
+        "instance lacks"
+    ]
     assert "legacy-sync" not in watched.states()
     listed = json.loads(page.request.get(f"{app.base_url}/jobs/schedules").text())
     assert [(s["name"], s["known"]) for s in listed] == [

@@ -219,21 +219,3 @@ async def test_one_far_future_schedule_does_not_break_the_status_of_every_job() 
     far_status, near_status = response.json()
     assert far_status["next_run_at"] is None
     assert near_status["next_run_at"] == "2026-03-02T01:00:00Z"
-
-
-async def test_a_job_named_ui_has_its_runs_beside_the_page() -> None:
-    """/jobs/ui is the page; a job named "ui" still has its runs at /jobs/ui/runs
-    (not taken for a file of the page) and its status in the list."""
-    scheduler = virtual_scheduler()
-
-    @scheduler.every(hours=1, name="ui")
-    async def job() -> None: ...
-
-    app = FastAPI(lifespan=scheduler.lifespan)
-    app.include_router(scheduler.router)
-    async with serve(app) as client:
-        await anyio.sleep(HOUR + 1)
-        runs = await client.get("/jobs/ui/runs")
-        listed = (await client.get("/jobs")).json()
-    assert runs.status_code == 200 and [run["outcome"] for run in runs.json()] == ["ok"]
-    assert [status["name"] for status in listed] == ["ui"]

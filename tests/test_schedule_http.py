@@ -211,6 +211,64 @@ async def test_values_under_names_like_secrets_are_hidden_in_the_listing() -> No
     assert got == [secrets]  # the task gets what was given
 
 
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    ("method", "body", "said"),
+    [
+        ("POST", {**REPORT, "schedule": {"every": 0.001}}, "runs 0.001s apart"),
+        ("POST", {**REPORT, "schedule": {"cron": "* * * * * *"}}, "runs 1s apart"),
+        ("POST", {**REPORT, "options": {"catch_up": 1e300}}, "catch_up=1e+300s is longer"),
+        ("POST", {**REPORT, "options": {"timeout": 8 * 86400}}, "timeout=691200s is longer"),
+        ("POST", {**REPORT, "options": {"retries": 1000}}, "retries=1000 is more than the 10"),
+        ("PATCH", {"schedule": {"every": 1}}, "runs 1s apart"),
+        ("PATCH", {"options": {"jitter": 1e9}}, "jitter=1e+09s is longer"),
+    ],
+)
+async def test_a_schedule_past_the_bounds_of_a_web_form_is_422(
+    method: str, body: dict[str, Any], said: str
+) -> None:
+    """Over HTTP a schedule's ticks are at least 10 s apart, its durations at most
+    a week and its retries at most 10 (ScheduleBounds' defaults): past one is a
+    422 that names the bound and the setting, and nothing changes."""
+    async with serve(make_app(with_report([]))) as client:
+        await client.post("/jobs/schedules", json={**REPORT, "name": "kept"}, headers=ADMIN)
+        path = "/jobs/schedules" if method == "POST" else "/jobs/schedules/kept"
+        answer = await client.request(method, path, json=body, headers=ADMIN)
+        listed = (await client.get("/jobs/schedules")).json()
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"]
+    assert said in detail and "ScheduleBounds(" in detail, detail
+    assert [(s["name"], s["schedule"]) for s in listed] == [
+        ("kept", {"every": 10.0, "offset": 0.0})
+    ]
+
+
+@pytest.mark.looptime
+async def test_the_bounds_are_the_apps_to_set() -> None:
+    """An app that lets its operators ask for a tick every second, and a timeout
+    of a month, says so with control_router(bounds=...); code is not bound."""
+    from datetime import timedelta
+
+    from fastapi_jobs import ConfigurationError, Every, ScheduleBounds
+
+    scheduler = with_report([])
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    bounds = ScheduleBounds(shortest=1, longest=timedelta(days=31))
+    app.include_router(
+        scheduler.control_router(dependencies=[Depends(require_admin)], bounds=bounds)
+    )
+    body = {**REPORT, "schedule": {"every": 1}, "options": {"timeout": 30 * 86400}}
+    async with serve(app) as client:
+        made = await client.post("/jobs/schedules", json=body, headers=ADMIN)
+        await scheduler.add_schedule("fast", "report", Every(seconds=0.5), kwargs={"tenant": "a"})
+    assert made.status_code == 201, made.text
+    with pytest.raises(ConfigurationError, match="shortest=-1"):
+        ScheduleBounds(shortest=-1)
+    with pytest.raises(ConfigurationError, match="pass a ScheduleBounds"):
+        scheduler.control_router(public=True, bounds={"shortest": 1})  # type: ignore[arg-type]
+
+
 NESTED = "[" * 20_000 + "]" * 20_000
 
 
@@ -252,6 +310,9 @@ NESTED = "[" * 20_000 + "]" * 20_000
         ("POST", {**REPORT, "options": {"retries": "3"}}, "retries='3': pass a whole number"),
         ("POST", {**REPORT, "options": {"timeout": -1}}, "timeout=-1"),
         ("POST", {**REPORT, "options": {"paused": "yes"}}, "paused"),
+        # Without a store, nothing remembers the last tick (it was an AssertionError
+        # in the job's task at its first tick, which stopped the app).
+        ("POST", {**REPORT, "options": {"catch_up": 60}}, "catch_up= needs the store"),
         ("PATCH", {}, "give at least one of task, schedule, kwargs, options"),
         ("PATCH", {"kwargs": None, "options": {}}, "give at least one of"),
         ("PATCH", {"name": "renamed"}, "name: Extra inputs are not permitted"),
