@@ -94,6 +94,12 @@ def ticks_in(schedule: Schedule, since: float, until: float, limit: int) -> list
     return found
 
 
+_CHANGED = (
+    "the job's schedule was changed or removed since the backfill began: no tick runs "
+    "under the old spec; start a new backfill to run the rest under the new one"
+)
+
+
 class Backfills:
     """A scheduler's backfills: checked, run one tick at a time, one per job."""
 
@@ -184,10 +190,15 @@ class Backfills:
     ) -> BackfillResult:
         running = self._life.running
         assert running is not None
+        # The version of the stored schedule this runner runs (its claims carry
+        # it): taken with the runner, which a change replaces (and stops) at once.
+        claims = running.claims
+        name = runner.job.name
+        version = None if claims is None or runner.stopping else claims.versions.get(name)
         done: list[BackfillTick] = []
         stopped: str | None = None
         for tick in ticks:
-            outcome = await self._one(runner, running, tick)
+            outcome = await self._one(runner, running, tick, version)
             done.append(outcome)
             if progress is not None:
                 progress(len(done), len(ticks), outcome)
@@ -255,15 +266,18 @@ class Backfills:
 
     # -- one tick ---------------------------------------------------------
 
-    async def _one(self, runner: JobRunner, running: Running, tick: float) -> BackfillTick:
-        """Run ``tick`` of ``runner``'s job (claimed first, with a store): how it went."""
+    async def _one(
+        self, runner: JobRunner, running: Running, tick: float, version: int | None
+    ) -> BackfillTick:
+        """Run ``tick`` of ``runner``'s job (claimed first, with a store, under
+        ``version`` if it is a stored schedule's): how it went."""
         at = _utc(tick)
         if not await self._free(runner, running):
-            return BackfillTick(at, "not_run", None, "the app is stopping")
+            return self._stopped(runner, running, at)
         fence: int | None = None
         claimed_at = anyio.current_time()
         if runner.leases is not None:
-            got = await self._claim(runner, running, tick)
+            got = await self._claim(runner, running, tick, version)
             if not isinstance(got, int):
                 return got
             fence = got
@@ -276,6 +290,8 @@ class Backfills:
             await running.claims.flush()  # in the history, and the lease free again
         ran = manual.ran
         if ran is None:
+            if self._life.running is running and runner.stopping:
+                return self._stopped(runner, running, at)
             return BackfillTick(at, "not_run", None, "the app stopped, or the lease was lost")
         error = None if ran.error is None else str(ErrorInfo.of(ran.error))
         return BackfillTick(at, ran.outcome, ran.duration, error)
@@ -290,9 +306,20 @@ class Backfills:
                 return True
             await anyio.sleep(_POLL / 4)
 
-    async def _claim(self, runner: JobRunner, running: Running, tick: float) -> int | BackfillTick:
+    def _stopped(self, runner: JobRunner, running: Running, at: datetime) -> BackfillTick:
+        """The tick the backfill stops at, as the job's runner here stopped: the
+        app stopping, or the job's schedule changed or removed (its runner
+        replaced, here or as this instance heard of it)."""
+        if self._life.running is not running:
+            return BackfillTick(at, "not_run", None, "the app is stopping")
+        return BackfillTick(at, "not_run", None, _CHANGED)
+
+    async def _claim(
+        self, runner: JobRunner, running: Running, tick: float, version: int | None
+    ) -> int | BackfillTick:
         """The fence of the claim of ``tick``, or how the tick went instead: ran
-        already, its lease held for a whole lease (``held``), the store out."""
+        already, its lease held for a whole lease (``held``), the store out, the
+        job's schedule changed or removed since the backfill began."""
         store, at = runner.store, _utc(tick)
         assert store is not None
         # A lease held by a run going elsewhere is waited for, up to a lease's length:
@@ -301,7 +328,7 @@ class Backfills:
         while True:
             runner.in_flight = True  # no live tick starts here while it claims
             try:
-                got = await store.backfills.claim(runner.job.name, tick)  # type: ignore[attr-defined]
+                got = await store.backfills.claim(runner.job.name, tick, version)  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - the tick's outcome, and the end
                 return BackfillTick(
                     at,
@@ -313,10 +340,12 @@ class Backfills:
                 runner.in_flight = False
             if got == "ran":
                 return BackfillTick(at, "ran_already", None, None)
+            if got == "changed":
+                return BackfillTick(at, "not_run", None, _CHANGED)
             if isinstance(got, int):
                 if runner.stopping or self._life.running is not running:
                     self._give_back(runner, running, got)
-                    return BackfillTick(at, "not_run", None, "the app is stopping")
+                    return self._stopped(runner, running, at)
                 if not runner.busy:
                     return got
                 self._give_back(runner, running, got)  # a live run began meanwhile
@@ -324,7 +353,7 @@ class Backfills:
                 return BackfillTick(at, "held", None, "its lease stayed held elsewhere")
             await anyio.sleep(_POLL)
             if not await self._free(runner, running):
-                return BackfillTick(at, "not_run", None, "the app is stopping")
+                return self._stopped(runner, running, at)
 
     def _give_back(self, runner: JobRunner, running: Running, fence: int) -> None:
         claims = running.claims

@@ -18,6 +18,7 @@ from fastapi_jobs import BackfillResult, ConfigurationError, Every, JobContext, 
 from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .conftest import claim1, release1
+from .support.waiting import poll
 from .test_store import opened
 
 
@@ -151,3 +152,79 @@ async def test_a_lease_held_elsewhere_for_a_whole_lease_skips_the_tick(tmp_path:
     assert [t.outcome for t in result.outcomes] == ["held", "held"]
     assert (result.skipped_held, result.ran, result.ok) == (2, 0, False)
     assert result.outcomes[0].describe() == "held: its lease stayed held elsewhere"
+
+
+async def test_the_claim_of_a_past_tick_follows_the_stored_schedules_version(
+    database_url: str,
+) -> None:
+    """A backfill's claim carries the stored schedule's version, as a live one
+    does: refused ("changed") once the schedule is changed or removed, and for
+    a declared job while a live stored schedule has its name."""
+    async with opened(database_url) as (store, _):
+        row = await store.schedules.create("s", "report", '{"x":1}')
+        assert row is not None
+        backfills = store.backfills
+        assert await backfills.claim("s", 100.0, row.version) == 1
+        await release1(store, "s", 1, "ok", None, 0.1)
+        changed = await store.schedules.change("s", "report", '{"x":2}', row.version)
+        assert changed is not None
+        assert await backfills.claim("s", 90.0, row.version) == "changed"
+        assert await backfills.claim("s", 90.0, None) == "changed"  # a declared "s"
+        assert await backfills.claim("s", 90.0, changed.version) == 2
+        await release1(store, "s", 2, "ok", None, 0.1)
+        await store.schedules.remove("s")
+        assert await backfills.claim("s", 80.0, changed.version) == "changed"
+        assert await backfills.claim("s", 80.0, None) == 3  # the name is free again
+
+
+def _reporting(url: str, runs: list[tuple[str, float, float]], heartbeat: float) -> Scheduler:
+    """An instance with the task "report", which notes each run's tenant, tick
+    and when it started (the loop's clock), and takes 50 ms."""
+    scheduler = Scheduler(store=SQLAlchemyStore(url, lease=10, timeout=2, heartbeat=heartbeat))
+
+    @scheduler.task()
+    async def report(ctx: JobContext, tenant: str) -> None:
+        runs.append((tenant, ctx.tick.timestamp(), anyio.current_time()))
+        await anyio.sleep(0.05)
+
+    return scheduler
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "here"])
+@pytest.mark.parametrize("change", ["update", "remove"])
+async def test_a_change_of_the_schedule_stops_its_backfill_saying_so(
+    database_url: str, change: str, where: str
+) -> None:
+    """A 40-tick backfill of a stored schedule runs on A; the schedule is changed
+    or removed (on B, whose change A hears of only at its heartbeat a minute
+    away, or on A itself). Once the change returned, A runs no tick under the
+    old spec; the backfill stops, and its result and log say why (not "the app
+    is stopping")."""
+    runs: list[tuple[str, float, float]] = []
+    a = _reporting(database_url, runs, heartbeat=60)
+    b = _reporting(database_url, [], heartbeat=60)
+    until = datetime.fromtimestamp(int(time.time()) - 1, UTC)
+    since = datetime.fromtimestamp(until.timestamp() - 39, UTC)
+    async with a.running(ticking=False), b.running(ticking=False):
+        await a.add_schedule("t1", "report", Every(seconds=1), kwargs={"tenant": "old"})
+        await b.schedules()  # B runs it too
+        result: list[BackfillResult] = []
+
+        async def backfill() -> None:
+            result.append(await a.backfill("t1", since, until))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(backfill)
+            await poll(lambda: len(runs) >= 5, within=20)
+            changer = b if where == "elsewhere" else a
+            if change == "update":
+                await changer.update_schedule("t1", kwargs={"tenant": "new"})
+            else:
+                await changer.remove_schedule("t1")
+            answered = anyio.current_time()
+    [done] = result
+    late = [(tenant, tick) for tenant, tick, started in runs if started >= answered]
+    assert late == [], f"ran under the old spec after the change returned: {late}"
+    assert 5 <= done.ran < 40 and done.stopped is not None
+    assert "schedule was changed or removed since the backfill began" in done.stopped
+    assert "stopping" not in done.stopped

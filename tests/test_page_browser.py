@@ -156,8 +156,7 @@ def test_the_page_shows_the_schedules_made_at_run_time(browser: Any, app: App) -
     unknown = page.locator("section.unknown")
     assert unknown.locator("h2").inner_text() == "Schedules this instance cannot run (1)"
     assert unknown.locator("li").all_inner_texts() == [
-        "legacy-sync (task sync_ledger): it names the task 'sync_ledger', which this "
-        "instance lacks"
+        "legacy-sync (task sync_ledger): it names the task 'sync_ledger', which this instance lacks"
     ]
     assert "legacy-sync" not in watched.states()
     listed = json.loads(page.request.get(f"{app.base_url}/jobs/schedules").text())

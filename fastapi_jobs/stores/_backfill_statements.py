@@ -1,8 +1,10 @@
 """A backfill's claim of a past tick as SQL (``_backfills``): what the job's
 claim row and history say of the tick (`probe`), then the claim itself, made
 only if the row is still as read (its fence unchanged: `take`; none yet:
-`first`). Every time comparison uses the database's clock (``_db_clock``);
-every bind is a named one, ``b_...``.
+`first`), and only while the job is the one the backfill began under
+(`current`: a stored schedule changed or removed is claimed no more). Every
+time comparison uses the database's clock (``_db_clock``); every bind is a
+named one, ``b_...``.
 
 Why two statements and not one: on PostgreSQL a single statement's check of
 the history is made on its snapshot, taken before it waits for the claim row's
@@ -19,7 +21,7 @@ import sqlalchemy as sa
 
 from ._db_clock import db_now
 
-__all__ = ["first", "probe", "take"]
+__all__ = ["current", "first", "probe", "take"]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -28,10 +30,30 @@ _JOB = sa.bindparam("b_job", type_=sa.String)
 _TICK = sa.bindparam("b_tick", type_=sa.Double)
 
 
-def probe(claims: sa.Table, runs: sa.Table | None) -> Any:
+_VERSION = sa.bindparam("b_version", type_=sa.BigInteger)
+
+
+def current(schedules: sa.Table | None) -> Any:
+    """Whether the backfill's job is still what it ran under (``b_version``):
+    the stored schedule of that version, live (not changed, not removed); a
+    declared job's (``b_version`` NULL) while no live stored schedule has its
+    name. As a live claim's (``_claim_statements._current``): once a change
+    or a removal is made on any instance, no backfill claims a tick of the old
+    spec. Always true without a schedules table."""
+    if schedules is None:
+        return sa.true()
+    s = schedules
+    live = sa.and_(s.c.name == _JOB, s.c.removed == sa.false())
+    return sa.case(
+        (_VERSION.is_(None), ~sa.exists().where(live)),
+        else_=sa.exists().where(live, s.c.version == _VERSION),
+    )
+
+
+def probe(claims: sa.Table, runs: sa.Table | None, schedules: sa.Table | None) -> Any:
     """One row: the job's claim row's ``fence``, ``last_tick`` and whether its
     lease is free (all NULL without a row), whether the history has a run of
-    the tick, and the database's time."""
+    the tick, the database's time, and whether the job is `current`."""
     c, now = claims, db_now()
     row = sa.select(c).where(c.c.job == _JOB).subquery()
     free = sa.or_(row.c.lease_until.is_(None), row.c.lease_until < now)
@@ -44,6 +66,7 @@ def probe(claims: sa.Table, runs: sa.Table | None) -> Any:
         sa.select(free).scalar_subquery(),
         ran,
         now,
+        current(schedules),
     )
 
 
@@ -55,7 +78,7 @@ def _claimed(now: Any) -> dict[str, Any]:
     }
 
 
-def take(claims: sa.Table) -> Any:
+def take(claims: sa.Table, schedules: sa.Table | None) -> Any:
     """The claim of the tick over the job's row as `probe` read it (``b_fence``):
     its lease free, the tick not its last one claimed, not in the future (with
     the live claim's early margin, ``b_early``). ``last_tick`` never moves back,
@@ -70,6 +93,7 @@ def take(claims: sa.Table) -> Any:
             sa.or_(c.c.lease_until.is_(None), c.c.lease_until < now),
             c.c.last_tick != _TICK,
             now + sa.bindparam("b_early", type_=sa.Double) >= _TICK,
+            current(schedules),
         )
         .values(
             fence=c.c.fence + sa.literal_column("1", sa.BigInteger),
@@ -80,7 +104,7 @@ def take(claims: sa.Table) -> Any:
     )
 
 
-def first(claims: sa.Table, insert: Insert) -> Any:
+def first(claims: sa.Table, insert: Insert, schedules: sa.Table | None) -> Any:
     """The claim of a job that has no claim row yet: its row made, fence 1
     (nothing if a claim made it meanwhile: `probe` again)."""
     c, now = claims, db_now()
@@ -92,7 +116,7 @@ def first(claims: sa.Table, insert: Insert) -> Any:
         claimed["owner"],
         claimed["lease_until"],
         now,
-    ).where(now + sa.bindparam("b_early", type_=sa.Double) >= _TICK)
+    ).where(now + sa.bindparam("b_early", type_=sa.Double) >= _TICK, current(schedules))
     new = insert(c).from_select(
         ["job", "last_tick", "fence", "owner", "lease_until", "started_at"], row
     )

@@ -21,10 +21,12 @@ from ._tables import Tables
 
 __all__ = ["Refused", "StoreBackfills"]
 
-Refused = Literal["ran", "held"]
+Refused = Literal["ran", "held", "changed"]
 """Why a past tick was not claimed: ``ran``, the history has a run of it (or
 it is the job's last tick claimed: ran, running, or given back unrun);
-``held``, the job's lease is held (a run going, here or elsewhere)."""
+``held``, the job's lease is held (a run going, here or elsewhere);
+``changed``, the stored schedule is not the version the backfill runs (changed
+or removed on some instance), or a declared job's name is a stored schedule's."""
 
 # A claim made between a probe and the claim moves the fence: probe again, a
 # few times (each time a live claim won the race), then say the lease is held.
@@ -37,6 +39,7 @@ class _Store(Protocol):
     timeout: float
     tables: Tables
     _operations: Operations
+    schedules: Any  # its StoreSchedules: ``present``, the table exists
 
     def _claim_params(self) -> dict[str, object]: ...
     async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]: ...
@@ -48,16 +51,17 @@ class StoreBackfills:
     def __init__(self, store: _Store) -> None:
         self._store = store
 
-    async def claim(self, job: str, tick: float) -> int | Refused:
+    async def claim(self, job: str, tick: float, version: int | None = None) -> int | Refused:
         """Claim ``job``'s past ``tick`` (a Unix time): its fence, or why not.
-        Made within the store's ``timeout`` or given up (`TimeoutError`; a
+        ``version``: the stored schedule's the backfill runs (None: a declared
+        job). Made within the store's ``timeout`` or given up (`TimeoutError`; a
         claim made all the same is freed); `StoreError` (or the driver's
         error) when the store cannot be reached."""
         store = self._store
         ops = store._operations
         if ops.engine is None:
             raise StoreError(NOT_OPEN)
-        params = {**store._claim_params(), "b_job": job, "b_tick": tick}
+        params = {**store._claim_params(), "b_job": job, "b_tick": tick, "b_version": version}
         sent = ops.spawn(ops.in_connection(lambda conn: self._claim(conn, params)))
         try:
             async with asyncio.timeout(store.timeout):
@@ -69,18 +73,21 @@ class StoreBackfills:
 
     async def _claim(self, conn: AsyncConnection, params: dict[str, Any]) -> int | Refused:
         tables = self._store.tables
+        schedules = tables.schedules if self._store.schedules.present else None
         insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
         for _ in range(_RACES):
-            row = (await conn.execute(sql.probe(tables.claims, tables.runs), params)).one()
-            fence, last_tick, free, ran, _now = row
+            probe = sql.probe(tables.claims, tables.runs, schedules)
+            fence, last_tick, free, ran, _now, current = (await conn.execute(probe, params)).one()
+            if not current:
+                return "changed"
             if ran or last_tick == params["b_tick"]:
                 return "ran"
             if fence is not None and not free:
                 return "held"
             if fence is None:
-                statement = sql.first(tables.claims, insert)
+                statement = sql.first(tables.claims, insert, schedules)
             else:
-                statement = sql.take(tables.claims)
+                statement = sql.take(tables.claims, schedules)
             got = (await conn.execute(statement, {**params, "b_fence": fence})).scalar()
             if got is not None:
                 return int(got)
