@@ -273,7 +273,7 @@ class Backfills:
         ``version`` if it is a stored schedule's): how it went."""
         at = _utc(tick)
         if not await self._free(runner, running):
-            return self._stopped(runner, running, at)
+            return self._stopped(runner, at)
         fence: int | None = None
         claimed_at = anyio.current_time()
         if runner.leases is not None:
@@ -290,8 +290,8 @@ class Backfills:
             await running.claims.flush()  # in the history, and the lease free again
         ran = manual.ran
         if ran is None:
-            if self._life.running is running and runner.stopping:
-                return self._stopped(runner, running, at)
+            if self._parts.runners.get(runner.job.name) is not runner:
+                return self._stopped(runner, at)
             return BackfillTick(at, "not_run", None, "the app stopped, or the lease was lost")
         error = None if ran.error is None else str(ErrorInfo.of(ran.error))
         return BackfillTick(at, ran.outcome, ran.duration, error)
@@ -306,13 +306,13 @@ class Backfills:
                 return True
             await anyio.sleep(_POLL / 4)
 
-    def _stopped(self, runner: JobRunner, running: Running, at: datetime) -> BackfillTick:
+    def _stopped(self, runner: JobRunner, at: datetime) -> BackfillTick:
         """The tick the backfill stops at, as the job's runner here stopped: the
         app stopping, or the job's schedule changed or removed (its runner
         replaced, here or as this instance heard of it)."""
-        if self._life.running is not running:
-            return BackfillTick(at, "not_run", None, "the app is stopping")
-        return BackfillTick(at, "not_run", None, _CHANGED)
+        if self._parts.runners.get(runner.job.name) is not runner:
+            return BackfillTick(at, "not_run", None, _CHANGED)  # replaced, or removed
+        return BackfillTick(at, "not_run", None, "the app is stopping")
 
     async def _claim(
         self, runner: JobRunner, running: Running, tick: float, version: int | None
@@ -345,7 +345,7 @@ class Backfills:
             if isinstance(got, int):
                 if runner.stopping or self._life.running is not running:
                     self._give_back(runner, running, got)
-                    return self._stopped(runner, running, at)
+                    return self._stopped(runner, at)
                 if not runner.busy:
                     return got
                 self._give_back(runner, running, got)  # a live run began meanwhile
@@ -353,7 +353,7 @@ class Backfills:
                 return BackfillTick(at, "held", None, "its lease stayed held elsewhere")
             await anyio.sleep(_POLL)
             if not await self._free(runner, running):
-                return self._stopped(runner, running, at)
+                return self._stopped(runner, at)
 
     def _give_back(self, runner: JobRunner, running: Running, fence: int) -> None:
         claims = running.claims

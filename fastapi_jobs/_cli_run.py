@@ -129,13 +129,19 @@ def _exit_code(scheduler: Scheduler, name: str, result: RunResult | None) -> int
             if handoff is None
             else f"; handed to {handoff.name} under the key {handoff_key(name, result.tick)!r}"
         )
-        logger.info("job %r: ok in %.3fs%s", name, result.duration_s, said)
+        logger.info("job %r: tick %s ok in %.3fs%s", name, _at(result), result.duration_s, said)
         return OK
     logger.error(
-        "job %r: %s in %.3fs%s",
+        "job %r: tick %s %s in %.3fs%s",
         name,
+        _at(result),
         result.outcome,
         result.duration_s,
         "" if result.error is None else f": {ErrorInfo.of(result.error)}",
     )
     return FAILED
+
+
+def _at(result: RunResult) -> str:
+    """The tick the run was for, as the logs say ticks."""
+    return result.tick.isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -262,9 +262,12 @@ async def test_cluster_figures_come_from_the_store_and_a_locked_database_gives_s
         assert value(samples, "last_run_timestamp_seconds", job_name="local") is None  # not claimed
         assert value(samples, "last_success_timestamp_seconds", job_name="local")  # this process's
 
-        # The database locked by another process's writer: reads time out.
-        with closing(sqlite3.connect(path, timeout=0)) as locker:
-            locker.execute("BEGIN EXCLUSIVE")
+        # The database locked by another process's writer: reads time out. The
+        # lock waits for a write of the store's own to end (it took none, with a
+        # timeout of 0, on a busy machine), in a thread: the store's write may
+        # need this event loop to commit.
+        with closing(sqlite3.connect(path, timeout=30, check_same_thread=False)) as locker:
+            await anyio.to_thread.run_sync(locker.execute, "BEGIN EXCLUSIVE")
 
             async def down() -> bool:
                 samples = parse((await client.get("/metrics/")).text)
