@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -162,3 +163,28 @@ async def test_the_statements_of_many_stores_through_one_pooler_never_mix(
             await store.close()
     claims = rows(direct, "SELECT job, fence FROM fastapi_jobs_claims ORDER BY job")
     assert claims == [(f"j{n}", 40) for n in range(5)]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_straight_to_postgresql_the_stores_own_engine_keeps_its_statements(
+    postgres: PostgresServer, driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No pooler in between: once the store has checked, the connections of the
+    engine it made keep prepared statements (each claim is then parsed once),
+    and nothing about a pooler is said."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    store = SQLAlchemyStore(url)
+    await store.open({}, Instance())
+    try:
+        assert await claim1(store, "job", 10.0) == 1
+
+        async def keeps(conn: Any) -> bool:
+            raw = conn.sync_connection.connection.driver_connection
+            if driver == "asyncpg":
+                return bool(raw._stmt_cache_enabled)
+            return raw.prepare_threshold is not None
+
+        assert await store._operations.run(keeps)
+    finally:
+        await store.close()
+    assert "pooler" not in caplog.text
