@@ -194,6 +194,8 @@ class GuardedRun(RunnerState):
             return f"lease lost: {lease.lost}"
         if self.replaced_by is not None:
             return "replaced by a newer tick"
+        if self.stopping:
+            return "the job is stopping: the app's shutdown, or its schedule changed"
         return "cancelled"
 
     async def _call_timed(

@@ -25,11 +25,11 @@ def is_text(value: str) -> bool:
 
 def shown(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` as a listing shows them (the API, the page, the CLI): a value
-    under a name like a secret's (``password``, ``token``, ``api_key``, at any
-    depth) is `HIDDEN`, as a database error's quoted values are on the status
-    page; and a lone surrogate that a row got some other way (written by hand,
-    an older release) becomes U+FFFD, so that one row cannot fail the listing of
-    every schedule."""
+    under a name like a secret's (``password``, ``token``, ``api_key``, ``dsn``,
+    ``webhook_url``, at any depth), and the credentials of a URL, are `HIDDEN`,
+    as a database error's quoted values are on the status page; and a lone
+    surrogate that a row got some other way (written by hand, an older release)
+    becomes U+FFFD, so that one row cannot fail the listing of every schedule."""
     masked: dict[str, Any] = _masked(kwargs)
     encoded = json.dumps(masked, ensure_ascii=False)
     if is_text(encoded):
@@ -43,9 +43,11 @@ HIDDEN = "[hidden]"
 """What a listing shows in place of a value under a name like a secret's."""
 
 _SECRET = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|auth|credential|private[-_]?key|cookie",
+    r"pass(word|wd|phrase)?|pwd|secret|token|api[-_]?key|auth|credential|private[-_]?key"
+    r"|cookie|session|dsn|webhook|signature",
     re.IGNORECASE,
 )
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")  # the user:password@ of a URL
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -58,4 +60,6 @@ def _masked(value: Any) -> Any:
         }
     if isinstance(value, list):
         return [_masked(item) for item in value]
+    if isinstance(value, str) and "@" in value:
+        return _USERINFO.sub(HIDDEN + "@", value)  # a URL's credentials, whatever its name
     return value

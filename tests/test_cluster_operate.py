@@ -193,7 +193,7 @@ def test_the_cli_runs_the_current_tick_once_beside_a_running_app(
     target = "tests.apps.cluster_app:app"
     first = cli(cluster_url, "run", target, "job0")
     assert first.returncode == 0, first.stderr
-    assert "job 'job0': ok" in first.stderr
+    assert "job 'job0': tick " in first.stderr and " ok in " in first.stderr
     # The app starts and would run the current hour's tick: the CLI has it.
     apps += start(cluster_url, 1, JOBS=1, INTERVAL=RARE, RUN_ON_STARTUP=1, TIMEOUT=1)
     time.sleep(1)

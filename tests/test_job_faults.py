@@ -152,7 +152,7 @@ async def test_a_sync_job_that_looks_at_ctx_cancelled_returns_when_cut() -> None
         await poll(lambda: scheduler.job_status("cut").running)
     # The shutdown cut the run; the thread saw it and returned.
     await poll(lambda: len(reasons) == 2)
-    assert reasons[1] == "cancelled"
+    assert reasons[1] == "the job is stopping: the app's shutdown, or its schedule changed"
     await poll(lambda: not scheduler.job_status("cut").running)
 
 

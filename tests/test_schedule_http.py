@@ -193,6 +193,10 @@ async def test_values_under_names_like_secrets_are_hidden_in_the_listing() -> No
         "password": "hunter2",
         "source": {"api_key": "k-123", "url": "https://example.com", "Auth_Token": "t"},
         "hooks": [{"client_secret": "s"}],
+        "pwd": "p",
+        "session": "x",
+        "webhook_url": "https://hooks.example/T0/B1",
+        "source_url": "postgresql://app:hunter3@db/app",
     }
     body = {"name": "s", "task": "sync", "schedule": {"every": 3600}, "kwargs": secrets}
     async with serve(make_app(scheduler)) as client:
@@ -204,10 +208,14 @@ async def test_values_under_names_like_secrets_are_hidden_in_the_listing() -> No
         "password": "[hidden]",
         "source": {"api_key": "[hidden]", "url": "https://example.com", "Auth_Token": "[hidden]"},
         "hooks": [{"client_secret": "[hidden]"}],
+        "pwd": "[hidden]",
+        "session": "[hidden]",
+        "webhook_url": "[hidden]",
+        "source_url": "postgresql://[hidden]@db/app",  # a URL's credentials, whatever its name
     }
     assert made.status_code == 201 and made.json()["kwargs"] == hidden
     assert [s["kwargs"] for s in listed] == [hidden]
-    assert "hunter2" not in json.dumps(listed)
+    assert "hunter2" not in json.dumps(listed) and "hunter3" not in json.dumps(listed)
     assert got == [secrets]  # the task gets what was given
 
 

@@ -66,11 +66,13 @@ def refused_after_a_dead_claimer(chosen: float, interval: float, lease: float) -
     """The ticks after ``chosen`` (a hand-off tick whose claimer died holding it)
     that may be refused to every instance: those due while the dead claim's
     lease holds, or while a peer claims the abandoned tick again and hands it
-    off (a margin of at most a second after the lease, and round trips)."""
-    return {chosen + k * interval for k in range(1, int((lease + 1.5) / interval) + 1)}
+    off. A peer watches the row from its first claim refused (a tick after the
+    dead claim), and claims it again a lease after that (and a margin of at most
+    a second, and round trips)."""
+    return {chosen + k * interval for k in range(1, int((interval + lease + 1.5) / interval) + 1)}
 
 
 def after_a_dead_claimer(chosen: float, interval: float, lease: float) -> float:
     """A tick two intervals past those `refused_after_a_dead_claimer`: every
     tick up to it is to be run, but those."""
-    return chosen + interval * (int((lease + 1.5) / interval) + 2)
+    return chosen + interval * (int((interval + lease + 1.5) / interval) + 2)
