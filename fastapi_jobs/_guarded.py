@@ -119,14 +119,17 @@ class GuardedRun(RunnerState):
         observers = self.observers
         if observers is not None and observers.wants_started:
             self._tell_started(observers, tick, started, attempt, manual, fence)
-        args = self._args(tick, state, manual, fence)  # (ctx,) or ()
+        # (ctx,) or (): the context is kept, to be told if the run is cancelled.
+        args = (self._context(tick, state, manual, fence),) if job.takes_context else ()
         try:
             if not job.is_async:
                 error = await self._call_sync(args)
             elif job.timeout is not None or until is not None:
                 error = await self._call_timed(until, started, args)
+            elif args:
+                await job.func(args[0])
             else:
-                await job.func(*args)
+                await job.func()
             outcome = "ok" if error is None else "timed_out"
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
@@ -268,13 +271,6 @@ class GuardedRun(RunnerState):
         )
         await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
         return TimeoutError(f"the run passed its timeout of {job.timeout:g}s")
-
-    def _args(
-        self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
-    ) -> tuple[JobContext, ...]:
-        if self.job.takes_context:
-            return (self._context(tick, state, manual, fence),)
-        return ()
 
     def _context(
         self, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
