@@ -131,7 +131,8 @@ class SQLAlchemyStore(StoreClaims):
                 # A pooler the store cannot run behind fails the start, naming the
                 # fix; a database down or slow only delays that check as well.
                 await asyncio.wait({ready}, timeout=self.timeout)
-                if ready.done() and isinstance(ready.exception(), ConfigurationError):
+                done = ready.done() and not ready.cancelled()
+                if done and isinstance(ready.exception(), ConfigurationError):
                     raise ready.exception()  # type: ignore[misc]
 
     async def _prepare(self, conn: AsyncConnection) -> None:
