@@ -85,7 +85,8 @@ def _in_thread(
 
 
 def _tell(args: tuple[JobContext, ...], reason: str) -> None:
-    """Tell the run's context (if the job takes one) that it is cancelled, and why."""
+    """Tell the run's context (if the job takes one: ``args`` is ``(ctx,)``, kept
+    by the run for this) that it is cancelled, and why."""
     if args:
         args[0].cancellation.reason = reason
 
@@ -119,17 +120,14 @@ class GuardedRun(RunnerState):
         observers = self.observers
         if observers is not None and observers.wants_started:
             self._tell_started(observers, tick, started, attempt, manual, fence)
-        # (ctx,) or (): the context is kept, to be told if the run is cancelled.
         args = (self._context(tick, state, manual, fence),) if job.takes_context else ()
         try:
             if not job.is_async:
                 error = await self._call_sync(args)
             elif job.timeout is not None or until is not None:
                 error = await self._call_timed(until, started, args)
-            elif args:
-                await job.func(args[0])
             else:
-                await job.func()
+                await job.func(*args)
             outcome = "ok" if error is None else "timed_out"
         except Exception as exc:  # noqa: BLE001 - a job's error is recorded, never raised
             outcome, error = "failed", exc
