@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from .._errors import ConfigurationError, StoreError
+from .._errors import StoreError
 from .._status import ErrorInfo
 from ._db_clock import db_now
-from ._poolers import STATEMENT_MODE, Reconnect
+from ._poolers import Reconnect, refused_for_statement_mode
 
 __all__ = ["NOT_OPEN", "Operations", "transaction"]
 
@@ -312,8 +312,9 @@ async def _connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     try:
         conn = await engine.connect()
     except sa.exc.DBAPIError as exc:
-        if "statement pooling mode" in str(exc):
-            raise ConfigurationError(STATEMENT_MODE) from exc
+        refused = refused_for_statement_mode(exc)
+        if refused is not None:
+            raise refused from exc
         raise
     try:
         yield conn

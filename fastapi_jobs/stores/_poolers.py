@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import ConfigurationError
 
-__all__ = ["STATEMENT_MODE", "Reconnect", "cautious", "check"]
+__all__ = ["Reconnect", "cautious", "check", "refused_for_statement_mode"]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
@@ -119,6 +119,16 @@ async def _refuse_statement_mode(conn: AsyncConnection) -> None:
         await conn.exec_driver_sql("BEGIN")
         await conn.exec_driver_sql("ROLLBACK")
     except sa.exc.DBAPIError as exc:
-        if "statement pooling mode" in str(exc):
-            raise ConfigurationError(STATEMENT_MODE) from None
+        refused = refused_for_statement_mode(exc)
+        if refused is not None:
+            raise refused from None
         raise
+
+
+def refused_for_statement_mode(exc: sa.exc.DBAPIError) -> ConfigurationError | None:
+    """The `ConfigurationError` naming the fix, if ``exc`` is a pooler's refusal
+    of a transaction in statement mode (at the store's check, or at a first
+    connection, whose own reads of the server SQLAlchemy opens one for)."""
+    if "statement pooling mode" in str(exc):
+        return ConfigurationError(STATEMENT_MODE)
+    return None
