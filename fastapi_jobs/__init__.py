@@ -23,6 +23,7 @@ from ._errors import (
     NotRunningError,
     RunReplacedError,
     StoreError,
+    TickAheadError,
     UnconfirmedError,
 )
 from ._job import Job
@@ -71,6 +72,7 @@ __all__ = [
     "StoreError",
     "StoredSchedule",
     "SystemClock",
+    "TickAheadError",
     "TriggeredRun",
     "UnconfirmedError",
 ]

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 
 import anyio
 
+from ._errors import TickAheadError
 from ._reclaims import Reclaims
 from ._runner import JobRunner
 
@@ -21,11 +22,15 @@ def answered(
     claimed_at: float,
     reclaims: Reclaims | None,
     watching: bool,
+    ahead: list[JobRunner],
 ) -> list[JobRunner]:
     """The runners of ``pending`` whose claim was made (their fence set); the
-    others are settled and their ticks counted as skipped. ``reclaims``: the
-    hand-off rows watched (with a store), which forget a job whose claim was
-    made (while any is ``watching``) and watch a hand-off claimed elsewhere."""
+    others are settled and their ticks counted as skipped, but those whose tick
+    is still in the future on the database's clock, which go into ``ahead``
+    (their tick is claimed again when the database reaches it). ``reclaims``:
+    the hand-off rows watched (with a store), which forget a job whose claim
+    was made (while any is ``watching``) and watch a hand-off claimed
+    elsewhere."""
     won: list[JobRunner] = []
     if isinstance(fences, Exception):
         for runner in pending:
@@ -56,6 +61,9 @@ def answered(
             if counts is None:
                 counts = stats.skipped = {}
             counts["claimed_elsewhere"] = counts.get("claimed_elsewhere", 0) + 1
+        elif isinstance(fence, TickAheadError):
+            runner.settle()
+            ahead.append(runner)
         else:
             _not_claimed(runner, fence, reclaims)
     return won

@@ -35,7 +35,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._errors import StoreError, short
+from ._errors import StoreError, TickAheadError, short
+from ._heartbeat import Heartbeat
 from ._store import Ended, Store
 
 __all__ = ["Claims"]
@@ -74,11 +75,37 @@ class Claims:
         """The hand-off jobs: their claims take only a released row, an
         abandoned one being the peers' to claim again (``Store.claim``'s
         ``handoffs``)."""
+        self.heartbeat: Heartbeat | None = None
+        """This instance's heartbeat (set once it runs): a claim refused as ahead
+        of the database's clock corrects its clock (`heard`)."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
+
+    def reading(self) -> float:
+        """The local clock's reading that the offset to the database's is
+        measured against (0.0 without a heartbeat): taken before a claim is sent,
+        for `heard`."""
+        heartbeat = self.heartbeat
+        return 0.0 if heartbeat is None else heartbeat.clock.local()
+
+    def heard(self, refused: TickAheadError, sent: float, jobs: Sequence[str]) -> None:
+        """The claims of ``jobs``, sent at ``sent`` (a `reading`), were refused:
+        their ticks are still in the future on the database's clock, whose
+        reading came with the refusal. This instance's clock takes it now, not
+        at the next heartbeat (which would leave up to ``heartbeat`` seconds of
+        ticks claimed too early, each refused and lost)."""
+        self.logger.warning(
+            "the database refused the claims of %s: their tick is %.1fs ahead of its "
+            "clock (stepped back?); ticking on the database's time",
+            _names(jobs),
+            refused.tick - refused.db_time,
+        )
+        heartbeat = self.heartbeat
+        if heartbeat is not None:
+            heartbeat.heard(sent, refused.db_time, heartbeat.clock.local())
 
     def instant(
         self, together: Collection[str], at: float, jobs: Collection[str]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
@@ -36,6 +36,7 @@ from ._claim_answers import answered
 from ._claims import Claims
 from ._clock import Clock
 from ._concurrency import backend
+from ._errors import TickAheadError
 from ._reclaims import Reclaims
 from ._runner import JobRunner
 
@@ -280,15 +281,51 @@ class Dispatcher:
                 jobs = [r.job.name for r in runners if r.grouped and r.due == at]
                 instant = claims.instant(together, at, jobs)
             claimed_at = anyio.current_time()  # the leases count from the claim's sending
+            sent = claims.reading()
             fences = await claims.claim([(r.job.name, r.due) for r in runners], instant=instant)
-            won = answered(pending, fences, claimed_at, reclaims, watching)
+            ahead: list[JobRunner] = []
+            won = answered(pending, fences, claimed_at, reclaims, watching, ahead)
             pending = iter(won)
+            if ahead:
+                assert not isinstance(fences, Exception)
+                self._not_yet(ahead, fences, sent)
             await _wake(pending, checkpoint)
         finally:
             # Cancelled (the scheduler stops): the runners not woken are free
             # again, and the claims made for them are released.
             for runner in pending:
                 runner.settle()
+
+    def _not_yet(
+        self, runners: list[JobRunner], fences: Mapping[str, int | Exception], sent: float
+    ) -> None:
+        """``runners``' claims were refused: their ticks are still in the future
+        on the database's clock (it was stepped back, or this instance's reading
+        of it was off). The clock takes the database's reading that came with
+        the refusal, and each tick is placed again, to be claimed when the
+        database's clock reaches it: the ticks the database sees as already
+        run (its clock going over them again) are all that a step loses."""
+        claims = self._claims
+        assert claims is not None
+        refused = fences[runners[0].job.name]
+        assert isinstance(refused, TickAheadError)
+        claims.heard(refused, sent, [runner.job.name for runner in runners])
+        now = self._clock.now()
+        for runner in runners:
+            tick = runner.due
+            if tick <= now:
+                # Due on the clock corrected, yet refused: the database's
+                # reading must be off by more than the claim's margin. Not
+                # placed again (the claim would be sent again at once).
+                runner.skipped("ahead_of_database", tick)
+                continue
+            placed = runner.stats.next_run_at
+            if placed is None or runner.stopping:
+                continue  # its schedule failed, or the job is stopping
+            bucket = self._buckets.get(placed)
+            if bucket is not None and runner in bucket:
+                bucket.remove(runner)
+            self.add(runner, tick)
 
     async def _reclaim_first(
         self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]

@@ -26,6 +26,7 @@ __all__ = [
     "NameTakenError",
     "NotRunningError",
     "StoreError",
+    "TickAheadError",
     "UnconfirmedError",
     "short",
 ]
@@ -98,6 +99,24 @@ class NotRunningError(FastAPIJobsError, RuntimeError):
 
 class StoreError(FastAPIJobsError):
     """Raised when a store cannot be used as configured (wrong database, missing table)."""
+
+
+class TickAheadError(FastAPIJobsError):
+    """A store's answer to the claim of a tick that is still in the future on the
+    database's clock (its value in `Store.claim`'s result): nothing was claimed.
+    The scheduler's estimate of the database's clock was off (the database's
+    clock was stepped back, or this host's forward): it takes ``db_time`` as the
+    database's reading and claims the tick again when the database reaches it."""
+
+    def __init__(self, tick: float, db_time: float) -> None:
+        super().__init__(
+            f"tick {tick:.6f} is {tick - db_time:.3f}s ahead of the database's clock "
+            f"({db_time:.6f}): not claimed yet"
+        )
+        self.tick = tick
+        """The tick asked for (POSIX seconds)."""
+        self.db_time = db_time
+        """The database's clock as it refused the claim (POSIX seconds)."""
 
 
 class UnconfirmedError(StoreError):

@@ -124,6 +124,30 @@ class Heartbeat:
         except Exception as exc:  # noqa: BLE001 - the next prune tries again
             self.logger.warning("pruning the run history failed: %r", exc)
 
+    def heard(self, sent: float, db_time: float, received: float) -> None:
+        """A reading of the database's clock (``db_time``) by a call sent and
+        answered at these `local` times: a beat's, or a claim's that the store
+        refused as ahead of the database's clock (a step learned at once, not
+        at the next beat). Moves the offset."""
+        offset = self._estimate.add(sent, db_time, received)
+        moved = offset - self.clock.offset
+        self.clock.offset = offset
+        if self._measured and abs(moved) > _JUMP:
+            # One of the clocks was stepped: the database's (an operator, NTP on
+            # its host), or the local one stood still while the database's went
+            # on (a VM or a laptop suspended: the monotonic clock stops with it),
+            # or a custom clock jumped. The timer sleeps on the old offset: wake
+            # it, so that the ticks due since run now (the latest one, as after
+            # any late wake), not after the step's size.
+            self.logger.warning(
+                "this host's clock moved %+.1fs against the database's; ticking on "
+                "the database's time (the store refuses claims of future ticks)",
+                -moved,
+            )
+            if self.on_step is not None:
+                self.on_step()
+        self._measured = True
+
     async def beat(self) -> None:
         """One beat; a failure is logged, and the next beat tries again."""
         local = self.clock.local
@@ -140,23 +164,7 @@ class Heartbeat:
             self.logger.warning("instance heartbeat failed: %r", exc)
             return
         self.on_pauses(pauses)
-        offset = self._estimate.add(sent, db_time, received)
-        moved = offset - self.clock.offset
-        self.clock.offset = offset
-        if self._measured and abs(moved) > _JUMP:
-            # The local clock stood still while the database's went on (a VM or
-            # a laptop suspended: the monotonic clock stops with it), or a
-            # custom clock jumped. The timer sleeps on the old offset: wake it,
-            # so that the ticks due since run now (the latest one, as after any
-            # late wake), not after the step's size.
-            self.logger.warning(
-                "this host's clock moved %+.1fs against the database's; ticking on "
-                "the database's time (the store refuses claims of future ticks)",
-                -moved,
-            )
-            if self.on_step is not None:
-                self.on_step()
-        self._measured = True
+        self.heard(sent, db_time, received)
         for name, read in self.also:
             try:
                 with anyio.fail_after(self.store.timeout):

@@ -17,7 +17,14 @@ import anyio
 from ._checks import flag
 from ._claims import Claims
 from ._control import TriggeredRun
-from ._errors import ConfigurationError, JobRunningError, NotRunningError, StoreError, short
+from ._errors import (
+    ConfigurationError,
+    JobRunningError,
+    NotRunningError,
+    StoreError,
+    TickAheadError,
+    short,
+)
 from ._history import run_id
 from ._parts import Parts
 from ._reading import Reader
@@ -91,7 +98,7 @@ class Operator:
     async def _claim(self, runner: JobRunner, claims: Claims, tick: float, by_hand: bool) -> int:
         """The fence of ``runner``'s claim of ``tick``, made now; else why not, raised."""
         name = runner.job.name
-        claimed_at = anyio.current_time()
+        claimed_at, sent = anyio.current_time(), claims.reading()
         try:
             fences = await claims.claim([(name, tick)], manual=by_hand)
         finally:
@@ -104,6 +111,9 @@ class Operator:
                 "nothing ran"
             ) from fences
         got = fences.get(name)
+        if isinstance(got, TickAheadError):
+            claims.heard(got, sent, [name])
+            raise StoreError(f"cannot trigger {name!r}: {got}; nothing ran, try again")
         if isinstance(got, Exception):
             raise StoreError(
                 f"cannot trigger {name!r}: the database refused its claim "

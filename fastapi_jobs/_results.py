@@ -25,14 +25,19 @@ __all__ = ["Manual", "Outcome", "Ran", "RunResult", "SkipReason", "lease_lost"]
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
 
-SkipReason = Literal["overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused"]
+SkipReason = Literal[
+    "overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused", "ahead_of_database"
+]
 """Why a tick did not run here: ``overlap``, the previous run was still going
 (or its thread, or the previous tick's claim was still on its way to the store);
 ``missed``, the loop woke too late (blocked loop, machine asleep, downtime) and
 only the latest due tick ran; ``claimed_elsewhere``, another instance claimed
 the tick (or still holds the previous one); ``store_unavailable``, the store
 could not be reached, so the tick was skipped (fail closed); ``paused``, the
-job was paused."""
+job was paused; ``ahead_of_database``, the tick, kept to run after the run
+before it, was not yet due on the database's clock (stepped back) when it was
+claimed. A tick due at its instant that the database finds early is not
+skipped: it waits for the database's clock."""
 
 
 class Ran(NamedTuple):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._concurrency import is_cancellation
+from ._errors import TickAheadError
 from ._results import Manual, Ran, RunResult
 from ._runner_state import HISTORY, Dispatching, Spawning
 from ._store import Ended
@@ -172,7 +173,7 @@ class JobRunner(TickRuns):
         claims = self._claims
         assert claims is not None
         self.in_flight = True
-        claimed_at = anyio.current_time()
+        claimed_at, sent = anyio.current_time(), claims.reading()
         fences = await claims.claim([(self.job.name, tick)])
         fence = None if isinstance(fences, Exception) else fences.get(self.job.name)
         if isinstance(fence, int) and not self.stopping:
@@ -184,6 +185,9 @@ class JobRunner(TickRuns):
             self.skipped("overlap", tick)
         elif fence is None and not isinstance(fences, Exception):
             self.skipped("claimed_elsewhere", tick)
+        elif isinstance(fence, TickAheadError):
+            claims.heard(fence, sent, [self.job.name])
+            self.skipped("ahead_of_database", tick)
         else:
             self.skipped("store_unavailable", tick)  # logged by claim()
 

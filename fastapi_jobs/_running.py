@@ -134,6 +134,8 @@ class Running:
         dispatcher = Dispatcher(parts.ticking, claims)
         if parts.heartbeat is not None:
             parts.heartbeat.on_step = dispatcher.kick
+            if claims is not None:
+                claims.heartbeat = parts.heartbeat
         tasks = JobTasks(self.state, dispatcher, self.stopped)
         now = parts.ticking.now()
         self.claims = claims

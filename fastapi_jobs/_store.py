@@ -130,7 +130,11 @@ class Store(Protocol):
         Returns, by job, the new fence of each claim made; a job that is missing
         is held elsewhere (or its tick is not newer than its last); an exception
         is that job's own failure (a value the database refused), while the
-        others went through. Raises when the store cannot be reached at all.
+        others went through. A `TickAheadError` says the tick is still in the
+        future on the database's clock (and what that clock read): the
+        scheduler takes the reading and claims the tick again when it is due;
+        a store that cannot tell leaves the job missing. Raises when the store
+        cannot be reached at all.
         """
 
     async def reclaim(

@@ -48,6 +48,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 POSTGRES_PARAMS = {"database_url": {"asyncpg", "psycopg"}, "cluster_url": {"postgresql"}}
 MARKED_BY = {
     "postgres": "postgres",  # a real PostgreSQL server
+    "stepped_postgres": "postgres",  # one whose clock the test steps (tests/test_clock_steps.py)
     "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
     "browser": "browser",  # headless Chromium (tests/test_page_browser.py)
     "redis": "redis",  # a real Redis server (tests/support/redis.py)

@@ -5,6 +5,9 @@ without one, ticks are wall-clock instants, as docs/jobs.md says."""
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -12,11 +15,13 @@ import anyio
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import JobContext, Scheduler
-from fastapi_jobs._dispatcher import WATCH_EVERY
+from fastapi_jobs import Every, JobContext, Scheduler
+from fastapi_jobs._dispatcher import GROUP_FROM, WATCH_EVERY
 from fastapi_jobs.stores import SQLAlchemyStore
 
-from .conftest import START
+from .conftest import START, serving
+from .support.instances import engine_for
+from .support.postgres import PostgresServer
 from .support.waiting import poll
 
 
@@ -184,3 +189,77 @@ async def test_without_a_store_a_step_back_and_forth_between_two_looks_does_not_
         clock.step(HOUR)  # 10:10, the 10:00 tick overdue; the watcher looks at 10:30
         await anyio.sleep(WATCH_EVERY)
     assert len(ticks) == 1 and 600 <= ticks[0] <= 610 + WATCH_EVERY, ticks
+
+
+@pytest.fixture
+def stepped_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, whose clock the test steps."""
+    yield from serving(lambda: PostgresServer(steppable=True), "PostgreSQL (under libfaketime)")
+
+
+@pytest.mark.slow
+async def test_a_database_clock_stepped_back_loses_only_the_ticks_it_had_run(
+    stepped_postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL's clock steps back 4 s while two instances run ten jobs every
+    0.5 s (claimed as one set, by instant) and one every 0.7 s (claimed alone).
+    The ticks of the 4 s the database's clock goes over again ran already: they
+    cannot run again, so the jobs wait for the database's clock to come back to
+    their next tick. Nothing else is lost: every job's ticks run one after the
+    other, with no gap, each once, and no tick is counted as skipped for a
+    reason that did not happen (claimed elsewhere, though no instance ran it).
+    Before, each instance claimed on its old reading of the database's clock
+    until its next heartbeat (10 s), every claim refused as in the future, and
+    those ticks were lost."""
+    server = stepped_postgres
+    url = server.url(server.create_database())
+    runs: Counter[tuple[str, float]] = Counter()
+    grouped = [f"set-{n}" for n in range(GROUP_FROM + 2)]
+
+    def an_instance() -> Scheduler:
+        scheduler = Scheduler(store=SQLAlchemyStore(lambda state: state["db"]), shutdown_timeout=5)
+
+        async def job(ctx: JobContext) -> None:
+            runs[ctx.name, ctx.tick.timestamp()] += 1
+
+        async def slow(ctx: JobContext) -> None:
+            runs[ctx.name, ctx.tick.timestamp()] += 1
+            await anyio.sleep(0.7)
+
+        for name in grouped:
+            scheduler.every(seconds=0.5, name=name)(job)
+        scheduler.every(seconds=0.7, name="alone")(job)
+        scheduler.every(seconds=0.5, name="kept", overlap="queue_one")(slow)
+        return scheduler
+
+    def last_run(job: str) -> float:
+        return max((tick for name, tick in runs if name == job), default=0.0)
+
+    instances = [an_instance() for _ in range(2)]
+    async with engine_for(url) as engine, AsyncExitStack() as stack:
+        for scheduler in instances:
+            await stack.enter_async_context(scheduler.running({"db": engine}))
+        await poll(lambda: last_run("alone") > 0 and last_run("set-0") > 0, within=15)
+        await anyio.sleep(1.0)
+        server.step_clock(-4)
+        stepped = {job: last_run(job) for job in ["alone", "kept", *grouped]}
+        # Back to the tick after the last one run: 4 s, and 5 s of ticks after.
+        await poll(lambda: all(last_run(j) >= t + 5 for j, t in stepped.items()), within=40)
+        statuses = [scheduler.status() for scheduler in instances]
+    assert max(runs.values()) == 1, [key for key, count in runs.items() if count > 1]
+    for job, every in [("alone", 0.7), *((name, 0.5) for name in grouped)]:
+        ticks = sorted(tick for name, tick in runs if name == job)
+        due, _ = Every(seconds=every).ticks_between(ticks[0], ticks[-1])
+        assert len(ticks) == due + 1, (job, stepped[job], ticks)  # none missing
+    for jobs in statuses:
+        for status in jobs:
+            assert "store_unavailable" not in status.skipped, status
+            assert "missed" not in status.skipped, status
+    # A tick kept for after a run (queue_one) and claimed ahead of the database's
+    # clock is the one tick counted, by its true reason; the job goes on.
+    kept = [status.skipped for jobs in statuses for status in jobs if status.name == "kept"]
+    assert any("ahead_of_database" in skipped for skipped in kept), kept
+    assert last_run("kept") >= stepped["kept"] + 5
+    # Each instance said what happened, once it learned it.
+    said = [r.getMessage() for r in caplog.records if "ahead of its clock" in r.getMessage()]
+    assert said, [r.getMessage() for r in caplog.records]

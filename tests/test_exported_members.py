@@ -44,6 +44,7 @@ def test_exported_members() -> None:
         "StoreError",
         "StoredSchedule",
         "SystemClock",
+        "TickAheadError",
         "TriggeredRun",
         "UnconfirmedError",
     }

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import Every, JobContext, Scheduler
+from fastapi_jobs import Every, JobContext, Scheduler, TickAheadError
 from fastapi_jobs._claims import Claims
 from fastapi_jobs._dispatcher import GROUP_FROM
 from fastapi_jobs._store import Ended
@@ -115,13 +115,16 @@ async def test_an_instant_decides_nothing_the_jobs_own_claims_do(database_url: s
 
 async def test_an_instant_ahead_of_the_database_clock_is_not_claimed(database_url: str) -> None:
     """A host whose clock jumped ahead cannot take a set's next instants from
-    the others: its instant is refused as its claims would be."""
+    the others: its instant is refused as its claims would be, each job's answer
+    saying why (the tick is ahead of the database's clock)."""
     engine = create_async_engine(database_url)
     now = time.time()
     try:
         async with open_store(engine) as ahead, open_store(engine) as on_time:
             future = [(j, now + 3600) for j in JOBS]
-            assert await ahead.claim(future, instant=(KEY, now + 3600, frozenset(JOBS))) == {}
+            refused = await ahead.claim(future, instant=(KEY, now + 3600, frozenset(JOBS)))
+            assert sorted(refused) == JOBS
+            assert all(isinstance(why, TickAheadError) for why in refused.values())
             wanted = [(j, now - 1) for j in JOBS]
             assert sorted(await on_time.claim(wanted, instant=(KEY, now - 1, frozenset(JOBS)))) == (
                 JOBS

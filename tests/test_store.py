@@ -13,7 +13,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from fastapi_jobs import ConfigurationError, ErrorInfo, JobContext, LeaseLostError, StoreError
+from fastapi_jobs import (
+    ConfigurationError,
+    ErrorInfo,
+    JobContext,
+    LeaseLostError,
+    StoreError,
+    TickAheadError,
+)
 from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 from .conftest import START, claim1, open_store, release1
@@ -546,18 +553,34 @@ async def test_a_tick_in_the_future_on_the_database_clock_is_not_claimed(
     database_url: str,
 ) -> None:
     """A host whose clock jumped ahead cannot claim a tick the database has not
-    reached (beyond a second), so it cannot block the tick the others claim next."""
+    reached (beyond a second), so it cannot block the tick the others claim next.
+    The store says why (`TickAheadError`, with the database's reading of its
+    clock), where a claim held elsewhere is only missing."""
     import time
+
+    async def ahead(tick: float) -> TickAheadError:
+        sent = time.time()
+        refused = (await store.claim([("digest", tick)]))["digest"]
+        assert isinstance(refused, TickAheadError), refused
+        assert refused.tick == tick
+        assert sent - 0.5 < refused.db_time < time.time() + 0.5  # the server's clock: this host's
+        return refused
 
     async with opened(database_url) as (store, _):
         now = time.time()
-        assert await claim1(store, "digest", now + 30) is None  # the jumped host
+        await ahead(now + 30)  # the jumped host
         assert await store.last_tick("digest") is None  # nothing recorded: first claim refused
         assert await claim1(store, "digest", now - 1) == 1  # the healthy host, on time
         await release1(store, "digest", 1, "ok", None, 0.1)
-        assert await claim1(store, "digest", now + 30) is None  # again, now as an update
+        assert "ahead of the database's clock" in str(await ahead(now + 30))  # as an update
         assert await claim1(store, "digest", now + 0.5) == 2  # within the margin
         assert await store.last_tick("digest") == pytest.approx(now + 0.5)
+        # Held (here by this very claim), a tick due is refused without a word.
+        assert await store.claim([("digest", now + 0.8)]) == {}
+        # So is an instant (a set of jobs due together) claimed ahead of time.
+        wanted = [("a", now + 30), ("b", now + 30), ("c", now - 1)]
+        got = await store.claim(wanted, instant=("set", now + 30, {"a", "b"}))
+        assert [type(got[job]) for job in "abc"] == [TickAheadError, TickAheadError, int]
 
 
 async def test_creating_the_tables_is_not_held_to_an_operations_deadline(

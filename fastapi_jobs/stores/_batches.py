@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._errors import TickAheadError
 from ._db_clock import sqlite_now
 from ._operations import transaction
 
@@ -260,14 +261,47 @@ async def claim_all(
                 for job, *_ in rows:
                     asked.pop(job, None)
             raise
-        # RETURNING job, fence: the drivers give the BIGINT as an int.
-        fences.update(cast("list[tuple[str, int]]", result.all()))
+        records = result.all()
+        if kind == "reclaim":
+            # RETURNING job, fence: the drivers give the BIGINT as an int.
+            fences.update(cast("list[tuple[str, int]]", records))
+        else:
+            records, db_time = clocked(records, conn.dialect.name)
+            fences.update(cast("list[tuple[str, int]]", records))
+            ahead(rows, fences, db_time, cast("float", params["b_early"]))
         for row in rows:
             asked.pop(row[0], None)  # answered: claimed, or not (held, an older tick)
 
     for chunk in chunks:
         await each_row_alone_on_error(claim_rows, chunk, fences)
     return fences
+
+
+def clocked(records: Sequence[Any], dialect: str) -> tuple[Sequence[Any], float]:
+    """The rows a claim of ``_statements.CLOCKED`` returned, without the clock's
+    column and row; and the database's clock as the statement ran (SQLite's is
+    this host's, read now)."""
+    if dialect != "postgresql":
+        return records, sqlite_now()
+    made = [record[:-1] for record in records if record[0] is not None]
+    db_time = next(record[-1] for record in records if record[0] is None)
+    return made, float(db_time)
+
+
+def ahead(
+    rows: Sequence[tuple[Any, ...]],
+    fences: dict[str, int | Exception],
+    db_time: float,
+    early: float,
+) -> None:
+    """Tell the rows of ``rows`` (job, tick, ...) that were not claimed because
+    their tick is still in the future on the database's clock (``db_time``, at
+    the statement's end; the claim allows ``early``): `TickAheadError` in
+    ``fences``. A row claimed elsewhere, or held, stays missing."""
+    limit = db_time + early
+    for row in rows:
+        if row[1] > limit and row[0] not in fences:
+            fences[row[0]] = TickAheadError(row[1], db_time)
 
 
 async def claim_taking_over(

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
-__all__ = ["RUN_COLUMNS", "claim", "claim_instant", "reclaim", "replaced_runs"]
+__all__ = ["RUN_COLUMNS", "claim", "claim_instant", "reclaim", "replaced_runs", "with_clock"]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -82,6 +82,23 @@ def claim_instant(instants: sa.Table, insert: Insert) -> Any:
         },
         where=i.c.instant < new.excluded.instant,
     ).returning(i.c.key)
+
+
+def with_clock(returning: Any) -> Any:
+    """``returning`` (a claim with RETURNING) as a data-modifying CTE (PostgreSQL)
+    whose rows get one column more, NULL, and which returns one row more: all
+    NULL but that column, the database's clock as the statement ran.
+
+    A claim refused returns no row, whatever the reason; with the clock beside
+    it, the store tells a tick still in the future on the database's clock from
+    one claimed elsewhere, and the scheduler learns the database's time at once
+    (its estimate of it is only as fresh as the last heartbeat). One statement,
+    as before: no round trip more. SQLite needs none of it: its clock is this
+    host's, read in Python (``sqlite_now``)."""
+    made = returning.cte("made")
+    clock = sa.cast(sa.null(), sa.Double)
+    nothing = [sa.null() for _ in made.c]
+    return sa.select(*made.c, clock).union_all(sa.select(*nothing, db_now()))
 
 
 def _wanted(dialect: str) -> Any:

@@ -18,12 +18,23 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._store import Ended
 from ._batches import Compiled, rows_cte
-from ._claim_statements import RUN_COLUMNS, claim, claim_instant, reclaim, replaced_runs
+from ._claim_statements import (
+    RUN_COLUMNS,
+    claim,
+    claim_instant,
+    reclaim,
+    replaced_runs,
+    with_clock,
+)
 from ._db_clock import db_now
 from ._tables import Tables
 
-__all__ = ["Statements"]
+__all__ = ["CLOCKED", "Statements"]
 
+CLOCKED = frozenset({"claim", "claim_manual", "claim_replace", "claim_handoff", "claim_instant"})
+"""The claims whose statements also return the database's clock (PostgreSQL:
+``_claim_statements.with_clock``): a claim refused for a tick still in the
+future on it is told from one refused for any other reason."""
 _OUTBOX_KEPT = 86400.0
 _REMOVED_KEPT = 86400.0
 # A set of jobs whose instant was not claimed for this long has its row
@@ -97,15 +108,17 @@ class Statements:
     def _batch(self, kind: str) -> Any:
         t = self._tables
         schedules = t.schedules if self.schedules else None
-        if kind in ("claim", "claim_manual", "claim_replace", "claim_handoff"):
-            return claim(
-                *(t.claims, t.pauses, self._insert, self.dialect, schedules),
-                manual=kind == "claim_manual",
-                take_over=kind == "claim_replace",
-                released_only=kind == "claim_handoff",
-            )
-        if kind == "claim_instant":
-            return claim_instant(t.instants, self._insert)
+        if kind in CLOCKED:
+            if kind == "claim_instant":
+                made = claim_instant(t.instants, self._insert)
+            else:
+                made = claim(
+                    *(t.claims, t.pauses, self._insert, self.dialect, schedules),
+                    manual=kind == "claim_manual",
+                    take_over=kind == "claim_replace",
+                    released_only=kind == "claim_handoff",
+                )
+            return with_clock(made) if self.dialect == "postgresql" else made
         if kind == "replaced_runs":
             return replaced_runs(t.claims, t.pauses, t.runs, self.dialect, schedules)
         if kind == "reclaim":

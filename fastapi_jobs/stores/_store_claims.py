@@ -22,7 +22,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import StoreError
 from .._store import Ended, Instance
 from . import _reads
-from ._batches import chunks, claim_all, claim_taking_over, each_row_alone_on_error, encode
+from ._batches import (
+    ahead,
+    chunks,
+    claim_all,
+    claim_taking_over,
+    clocked,
+    each_row_alone_on_error,
+    encode,
+)
 from ._db_clock import sqlite_now
 from ._operations import NOT_OPEN, Operations, transaction
 from ._statements import Statements, ended_rows
@@ -176,13 +184,15 @@ class StoreClaims:
         key, at, jobs = instant
         sql = self._statements
         params = {**self._claim_params(), "b_key": key, "b_instant": at, "b_sent": sqlite_now()}
-        if (
-            sql.instants
-            and (await sql.batches.execute(conn, "claim_instant", params)).first() is None
-        ):
-            wanted = [row for row in wanted if row[0] not in jobs]
-            if not wanted:
-                return fences
+        if sql.instants:
+            result = await sql.batches.execute(conn, "claim_instant", params)
+            made, db_time = clocked(result.all(), conn.dialect.name)
+            if not made:
+                # Claimed elsewhere, or not yet due on the database's clock.
+                ahead([row for row in wanted if row[0] in jobs], fences, db_time, _FUTURE_MARGIN)
+                wanted = [row for row in wanted if row[0] not in jobs]
+                if not wanted:
+                    return fences
         op = self._claim_op(wanted, manual, versions, replace, handoffs=handoffs)
         return await op(fences, asked, conn)
 

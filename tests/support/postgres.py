@@ -31,10 +31,22 @@ def find_bin() -> Path | None:
     return Path(found).parent if found else None
 
 
-class PostgresServer:
-    """One throwaway cluster: start(), stop(), restart(), and fresh databases."""
+def find_faketime() -> Path | None:
+    """libfaketime (Debian's ``faketime``), which `PostgresServer` preloads to
+    step the server's clock."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
 
-    def __init__(self) -> None:
+
+class PostgresServer:
+    """One throwaway cluster: start(), stop(), restart(), and fresh databases.
+
+    ``steppable``: the server's clock can be stepped (`step_clock`), as an
+    operator's ``date -s`` or NTP would step the database host's: the server
+    runs under libfaketime, which reads the offset from a file at every reading
+    of the clock (the monotonic clock is left alone)."""
+
+    def __init__(self, *, steppable: bool = False) -> None:
         bindir = find_bin()
         if bindir is None:
             raise RuntimeError("no PostgreSQL server binaries (initdb) on this machine")
@@ -47,13 +59,40 @@ class PostgresServer:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
         self._counter = 0
+        self.env: dict[str, str] | None = None
+        self._clock_offset = 0
+        if steppable:
+            library = find_faketime()
+            if library is None:
+                raise RuntimeError("no libfaketime here (Debian's faketime package)")
+            clock = self.root / "clock"
+            clock.write_text("+0\n")
+            clock.chmod(0o644)
+            self.env = {
+                **os.environ,
+                "LD_PRELOAD": str(library),
+                "FAKETIME_TIMESTAMP_FILE": str(clock),
+                "FAKETIME_NO_CACHE": "1",
+                "DONT_FAKE_MONOTONIC": "1",
+            }
         self.psql_bin = str(self.bin / "psql") if (self.bin / "psql").exists() else "psql"
 
     def _run(self, tool: str, *args: str) -> None:
         cmd = [str(self.bin / tool), *args]
         if self.as_root:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = self.env if tool == "pg_ctl" else None
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+    def step_clock(self, seconds: int) -> None:
+        """Step the server's clock by ``seconds`` (a ``steppable`` server's):
+        every reading of it from now on, in every backend."""
+        assert self.env is not None, "a steppable server's"
+        self._clock_offset += seconds
+        tmp = self.root / "clock.new"
+        tmp.write_text(f"{self._clock_offset:+d}\n")
+        tmp.chmod(0o644)
+        tmp.replace(self.root / "clock")  # whole: a backend never reads half a file
 
     def start(self) -> None:
         options = (
