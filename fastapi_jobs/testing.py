@@ -1,4 +1,5 @@
-"""What tests of an app's jobs use: a clock that virtual time can drive.
+"""What tests of an app's jobs use: a clock that virtual time can drive, and a
+store in memory on that clock.
 
 With `looptime` (or any fast-forwarded event loop) the loop's clock runs ahead
 while ``time.time()`` does not; ``LoopClock`` reads the loop's::
@@ -7,6 +8,10 @@ while ``time.time()`` does not; ``LoopClock`` reads the loop's::
 
     scheduler = Scheduler(clock=LoopClock(start=datetime(2026, 3, 2, tzinfo=UTC)))
 
+With a store, give the scheduler a ``MemoryStore`` on the same clock: its
+claims, leases and pauses then keep to virtual time too, and schedulers on one
+``MemoryDatabase`` are instances of one app.
+
 ``scheduler.run_now(name)`` runs one job on demand (see the docs' "Testing
 your jobs").
 """
@@ -14,7 +19,10 @@ your jobs").
 from __future__ import annotations
 
 from ._clock import LoopClock
+from ._memory_store import MemoryDatabase, MemoryStore
 
-__all__ = ["LoopClock"]
+__all__ = ["LoopClock", "MemoryDatabase", "MemoryStore"]
 
-LoopClock.__module__ = __name__
+for _kind in (LoopClock, MemoryDatabase, MemoryStore):
+    _kind.__module__ = __name__
+del _kind
