@@ -8,8 +8,8 @@ across instances, pauses, leases renewed past their length, a take-over."""
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 from datetime import UTC, datetime
+from itertools import pairwise
 
 import anyio
 import pytest
