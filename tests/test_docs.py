@@ -57,6 +57,8 @@ def docstring_blocks() -> list[tuple[Path, str]]:
 BLOCKS = blocks("python") + docstring_blocks()
 COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith(("# fragment", "# test"))]
 MODULES = [(path, code) for path, code in BLOCKS if code.startswith("# test module:")]
+CONFTESTS = {path: code for path, code in BLOCKS if code.startswith("# test conftest:")}
+"""A page's ``conftest.py`` (at most one a page), beside each test module it shows."""
 
 
 def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
@@ -67,7 +69,7 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
     assert any(path.suffix == ".py" for path, _ in BLOCKS)  # the docstrings' too
     assert MODULES
     for path, code in BLOCKS:
-        if (path, code) not in COMPLETE + MODULES:
+        if (path, code) not in COMPLETE + MODULES and CONFTESTS.get(path) != code:
             assert re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
 
 
@@ -76,9 +78,12 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
 )
 def test_a_test_module_shown_passes_under_pytest(path: Path, code: str, tmp_path: Path) -> None:
     """A block that is a test module (`# test module: ...`) passes as a user's suite
-    runs it: its own pytest process, in a folder of its own, with pytest's and
-    pytest-asyncio's defaults (strict mode), and every test in it passing."""
+    runs it: its own pytest process, in a folder of its own (with the page's
+    ``conftest.py``, if it shows one), with pytest's and pytest-asyncio's
+    defaults (strict mode), warnings as errors, and every test in it passing."""
     (tmp_path / "test_shown.py").write_text(code)
+    if path in CONFTESTS:
+        (tmp_path / "conftest.py").write_text(CONFTESTS[path])
     ran = subprocess.run(
         [
             sys.executable,
