@@ -75,16 +75,25 @@ def from_page(request: Request) -> str | None:
 
 async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:
     """The request's body as ``model``: 415 unless it says it is JSON (a page
-    elsewhere can post text/plain or a form with no preflight, never JSON), 422
+    elsewhere can post text/plain or a form with no preflight, never JSON) in
+    UTF-8, 422
     saying what is wrong with it (past ``most`` bytes, not JSON, not the model;
     ``example``: a body that works), never what was sent echoed whole."""
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    kind, _, params = request.headers.get("content-type", "").partition(";")
+    kind = kind.strip().lower()
     if kind != "application/json" and not (
         kind.startswith("application/") and kind.endswith("+json")
     ):
         got = repr(kind[:60]) if kind else "none"
         raise HTTPException(
             415, f"send the body as JSON, with Content-Type: application/json (got {got})"
+        )
+    charset = _charset(params)
+    if charset not in (None, "utf-8", "utf8"):
+        # JSON is UTF-8 (RFC 8259); a body in another charset would be read as
+        # UTF-8, and fail as "not JSON" or arrive changed.
+        raise HTTPException(
+            415, f"send the body as JSON in UTF-8 (got charset={charset[:40]!r}); drop the charset"
         )
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -106,6 +115,15 @@ async def read_json(request: Request, model: type[Model], most: int, example: st
         if len(where) > 60:  # a key that was sent: never echoed whole
             where = f"{where[:60]}… ({len(where)} characters)"
         _unprocessable(f"{where}: {first['msg']} (send e.g. {example})")
+
+
+def _charset(params: str) -> str | None:
+    """The ``charset`` of a Content-Type's parameters (after the ``;``), lower case."""
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def _unprocessable(detail: str) -> NoReturn:

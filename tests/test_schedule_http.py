@@ -146,12 +146,21 @@ async def test_changes_take_the_apps_auth_and_refuse_other_sites() -> None:
 @pytest.mark.looptime
 @pytest.mark.parametrize(
     "content_type",
-    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+    [
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        'application/json; charset="UTF-16"',
+    ],
 )
 async def test_a_body_that_does_not_say_it_is_json_is_415(content_type: str | None) -> None:
     """A page elsewhere can post text/plain, a form or multipart with no
     preflight, never JSON: a body of JSON sent so is refused (415), nothing
-    made; application/json (with a charset) and +json types are JSON."""
+    made; application/json (with charset utf-8, or none) and +json types are
+    JSON. JSON is UTF-8: a body said to be in another charset is refused too,
+    not read as UTF-8 (where it would fail as "not JSON", or arrive changed)."""
     headers = dict(ADMIN)
     if content_type is not None:
         headers["content-type"] = content_type
@@ -172,7 +181,8 @@ async def test_a_body_that_does_not_say_it_is_json_is_415(content_type: str | No
         )
     for answer in (refused, backfill):
         assert answer.status_code == 415, answer.text
-        assert "Content-Type: application/json" in answer.json()["detail"]
+        said = answer.json()["detail"]
+        assert "Content-Type: application/json" in said or "JSON in UTF-8" in said
     assert made.status_code == 201 and patched.status_code == 200, (made.text, patched.text)
 
 
