@@ -198,8 +198,9 @@ def reads_counted(store: SQLAlchemyStore) -> list[int]:
 async def test_a_burst_of_schedules_is_not_read_again_at_every_beat(database_url: str) -> None:
     """Schedules made at once (an import makes thousands) are read again by the
     heartbeats only while a change stamped before them may still commit (three
-    store timeouts), not at every beat until the next change comes."""
-    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=0.5)
+    store timeouts), not at every beat until the next change comes. (A timeout
+    of 2 s: 20 changes in a row must each get through on a loaded machine.)"""
+    store = SQLAlchemyStore(database_url, heartbeat=HEARTBEAT, lease=10, timeout=2)
     scheduler = Scheduler(store=store, shutdown_timeout=5)
 
     @scheduler.task()

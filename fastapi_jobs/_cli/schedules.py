@@ -1,0 +1,217 @@
+"""``fastapi-jobs schedules`` and ``fastapi-jobs schedule add|change|remove``: the
+schedules made at run time, from outside the app. The app's scheduler is opened
+as ``run`` opens it (its own lifespan entered, the scheduler started without
+ticking, so the store is open) and the change made through its public API.
+
+Exit codes: 0 done; 1 the store could not be reached or did not confirm (the
+message says whether anything may have changed); 2 bad input, an unknown name
+or task, a taken name, or an app without a store (a change made here would live
+in this process only, and end with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .._dynamic.stored import StoredSchedule
+from .._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError
+from .._redaction import shown
+from .._scheduler import Scheduler, seam_of
+from .._schedules import Cron, Every, Schedule
+from .._status import ErrorInfo
+
+__all__ = ["add_parsers", "schedules"]
+
+OK, STORE_FAILED, BAD_INPUT = 0, 1, 2
+_KWARGS = """e.g. --kwargs '{"tenant": "acme"}'"""
+
+
+def add_parsers(commands: Any, target_help: str) -> None:
+    """The ``schedules`` and ``schedule`` commands, on the CLI's subparsers."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    listing = commands.add_parser(
+        "schedules",
+        help="the schedules made at run time: name, task, schedule, kwargs, known",
+        description="List the schedules made at run time (with a store: as the store has "
+        "them). 'left alone here': this release cannot run it, and says why (an instance "
+        "that can runs the schedule).",
+        epilog="example:\n  fastapi-jobs schedules app.main:app",
+        formatter_class=formatter,
+    )
+    listing.add_argument("target", help=target_help)
+
+    schedule = commands.add_parser(
+        "schedule",
+        help="make, change or remove a schedule made at run time",
+        description="Make, change or remove a schedule made at run time, in the app's store: "
+        "every instance follows within a heartbeat. Exit 0 done, 1 the store could not be "
+        "reached or did not confirm, 2 bad input or an unknown name.",
+        epilog="examples:\n"
+        "  fastapi-jobs schedule add app.main:app acme-report report --cron '0 7 * * *' "
+        '--tz Europe/Lisbon --kwargs \'{"tenant": "acme"}\'\n'
+        "  fastapi-jobs schedule change app.main:app acme-report --every 3600 "
+        "--option retries=2\n"
+        "  fastapi-jobs schedule remove app.main:app acme-report",
+        formatter_class=formatter,
+    )
+    verbs = schedule.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add = verbs.add_parser(
+        "add", help="make one", epilog=schedule.epilog, formatter_class=formatter
+    )
+    change = verbs.add_parser(
+        "change",
+        help="change what is given (the rest stays)",
+        epilog=schedule.epilog,
+        formatter_class=formatter,
+    )
+    remove = verbs.add_parser("remove", help="remove one", epilog=schedule.epilog)
+    for parser in (add, change, remove):
+        parser.add_argument("target", help=target_help)
+        parser.add_argument("name", help="the schedule's name (its job's)")
+    add.add_argument("task", help="the task it runs (registered with @scheduler.task())")
+    change.add_argument("--task", help="the task it runs from now on")
+    _add_spec_arguments(add, change)
+
+
+def _add_spec_arguments(add: argparse.ArgumentParser, change: argparse.ArgumentParser) -> None:
+    """What ``add`` and ``change`` take: the schedule, its arguments, its options."""
+    for parser in (add, change):
+        when = parser.add_mutually_exclusive_group(required=parser is add)
+        when.add_argument("--every", type=float, metavar="SECONDS", help="an interval")
+        when.add_argument("--cron", metavar="EXPR", help='a cron expression, e.g. "0 7 * * *"')
+        parser.add_argument("--offset", type=float, default=0.0, help="with --every (seconds)")
+        parser.add_argument("--tz", default="UTC", help="with --cron: an IANA zone (UTC)")
+        parser.add_argument(
+            "--kwargs", metavar="JSON", help='the task\'s arguments, e.g. \'{"tenant": "acme"}\''
+        )
+        parser.add_argument(
+            "--option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a job option (timeout, retries, retry_backoff, retry_timeouts, paused, "
+            "catch_up, every_instance), its value JSON (retries=2, paused=true, timeout=30)",
+        )
+
+
+class _Refused(Exception):
+    """Bad input noticed before the app is opened: exit 2 with this message."""
+
+
+async def schedules(scheduler: Scheduler, app: Any, args: argparse.Namespace) -> int:
+    """The ``schedules`` or ``schedule`` command: its exit code."""
+    try:
+        act = _action(scheduler, args)
+        async with (
+            seam_of(scheduler).app_state(app) as state,
+            scheduler.running(state, ticking=False),
+        ):
+            await act()
+    except (ConfigurationError, JobNotFoundError, _Refused) as exc:
+        return _said(exc, BAD_INPUT)
+    except FastAPIJobsError as exc:  # StoreError, UnconfirmedError: their message says which
+        return _said(exc, STORE_FAILED)
+    except BrokenPipeError:
+        raise  # `... | head`: the reader has what it wanted (main() says so by 141)
+    except Exception as exc:  # noqa: BLE001 - the store's driver, a timeout
+        return _said(f"the store could not be reached ({ErrorInfo.of(exc)})", STORE_FAILED)
+    return OK
+
+
+def _said(error: object, code: int) -> int:
+    print(f"fastapi-jobs: error: {error}", file=sys.stderr)
+    return code
+
+
+def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]:
+    if args.command == "schedules":
+
+        async def listing() -> None:
+            listed = await scheduler.schedules()
+            if not listed:
+                print("no schedules made at run time", file=sys.stderr)
+            for stored in listed:
+                print(_listed(stored))
+
+        return listing
+    if scheduler.store is None:
+        raise _Refused(
+            "this app's scheduler has no store: a schedule made from here would live in "
+            "this process only; give it one (Scheduler(store=SQLAlchemyStore(...)))"
+        )
+    name = args.name
+    if args.verb == "remove":
+
+        async def removing() -> None:
+            await scheduler.remove_schedule(name)
+            print(f"schedule {name!r} removed", file=sys.stderr)
+
+        return removing
+    schedule = _schedule(args)
+    kwargs = _kwargs(args.kwargs)
+    options = dict(_option(text) for text in args.option)
+    if args.verb == "add":
+        assert schedule is not None  # argparse requires --every or --cron
+
+        async def adding() -> None:
+            made = await scheduler.add_schedule(name, args.task, schedule, kwargs=kwargs, **options)
+            print(json.dumps(made.to_dict()))
+
+        return adding
+
+    async def changing() -> None:
+        changed = await scheduler.update_schedule(
+            name, task=args.task, schedule=schedule, kwargs=kwargs, **options
+        )
+        print(json.dumps(changed.to_dict()))
+
+    return changing
+
+
+def _listed(stored: StoredSchedule) -> str:
+    lines = [
+        stored.name,
+        f"  task {stored.task}"
+        + ("" if stored.known else f": left alone here ({stored.left_alone})"),
+        f"  {stored.schedule.describe()}",
+        f"  kwargs {json.dumps(shown(stored.kwargs))}",
+    ]
+    if stored.options:
+        lines.append(f"  options {json.dumps(dict(stored.options))}")
+    return "\n".join(lines)
+
+
+def _schedule(args: argparse.Namespace) -> Schedule | None:
+    if args.every is not None:
+        return Every(seconds=args.every, offset=args.offset)
+    if args.cron is not None:
+        return Cron(args.cron, tz=args.tz)
+    if args.offset or args.tz != "UTC":
+        raise _Refused("--offset goes with --every, --tz with --cron")
+    return None
+
+
+def _kwargs(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _Refused(f"--kwargs is not JSON ({exc}): {_KWARGS}") from None
+    if not isinstance(value, dict):
+        raise _Refused(f"--kwargs is a JSON object: {_KWARGS}")
+    return value
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise _Refused(f"--option {text!r}: write KEY=VALUE, e.g. --option retries=2")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value  # a bare word: as a string, which the option's check refuses

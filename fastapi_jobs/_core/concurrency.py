@@ -1,0 +1,277 @@
+"""asyncio and trio: asyncio's own primitives where they are cheaper, anyio's
+portable ones elsewhere, in one place.
+
+The library is written against anyio, but anyio finds the running library on
+each call (~1 µs, a tenth of a tick's whole cost) and its tasks, events and
+scopes cost more than asyncio's (an anyio task ~60 µs and ~3 KiB more to
+start: its own cancel scope, event and wrapper coroutine). On the per-tick
+path the scheduler therefore uses asyncio's own on asyncio, and anyio's on any
+other backend (trio). The choice is made once per running scheduler, when the
+dispatcher and the jobs' tasks' owner start (`backend`); what it gives
+(a checkpoint, each job's `TaskHandle` and its gates) is then used
+without asking again. Clocks are the exception: a clock is used outside a
+running scheduler too, so `sleep` looks each time (asyncio first).
+
+What differs, and why:
+
+- a job's task is an asyncio task (cancelled by ``Task.cancel``; a lost
+  lease's cancellation is taken back with ``Task.uncancel``), or an anyio task
+  in its own scope (a claimed run then gets a scope of its own, which a lost
+  lease cancels);
+- a parked task waits on a future (asyncio), or on an `anyio.Event`
+  awaited the same way (`_EventGate`);
+- a cancellation: ``asyncio.CancelledError`` is tested for first, since
+  10,000 tasks stop at once at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from functools import partial
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+__all__ = [
+    "Backend",
+    "Bindable",
+    "Gate",
+    "TaskHandle",
+    "backend",
+    "cancelled_from_outside",
+    "is_cancellation",
+    "sleep",
+]
+
+# Cancelled with the owner, tasks that do not end within this are left behind.
+_ABANDON_AFTER = 5.0
+
+
+def sleep(delay: float) -> Awaitable[None]:
+    """``anyio.sleep``, as asyncio's own sleep on asyncio."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.sleep(delay)
+    return asyncio.sleep(delay)
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is the running library's cancellation."""
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    return isinstance(exc, anyio.get_cancelled_exc_class())
+
+
+def cancelled_from_outside(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation that someone asked for, as opposed
+    to a ``CancelledError`` the job's own code raised (a future that something
+    else cancelled, say), which is the job's failure."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        # Every cancellation of a task (ours, anyio's scopes, the caller's)
+        # goes through task.cancel(), which counts itself here.
+        return task is None or task.cancelling() > 0
+    return isinstance(exc, anyio.get_cancelled_exc_class())
+
+
+class Gate(Protocol):
+    """What a parked job's task awaits, and the dispatcher resolves (a future's
+    two methods: an asyncio future is one)."""
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def __await__(self) -> Generator[Any, Any, Any]: ...
+
+
+class _EventGate:
+    """A gate on anyio: an event, awaited as a future is."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set_result(self, result: None, /) -> None:
+        self._event.set()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self._event.wait().__await__()
+
+
+class TaskHandle:
+    """A job's task, as its runner sees it: how to cancel it, how to park it,
+    and whether a claimed run needs a cancel scope of its own. One per job: kept
+    small (no bound methods held), as 10,000 jobs hold 10,000 of them."""
+
+    __slots__ = ("new_gate", "task")
+
+    scoped = False
+    """A lost lease must cancel a scope around the run: the task's own
+    cancellation could not be taken back (anyio's scopes, unlike asyncio's
+    ``Task.uncancel``)."""
+
+    def __init__(self, task: asyncio.Task[Any] | None, new_gate: Callable[[], Gate]) -> None:
+        self.task = task
+        """The asyncio task, on asyncio."""
+        self.new_gate = new_gate
+
+    def cancel(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+
+    def uncancel(self) -> None:
+        """Take back one cancellation (a lost lease's, spent on the run)."""
+        if self.task is not None:
+            self.task.uncancel()
+
+
+class _ScopedHandle(TaskHandle):
+    __slots__ = ("_scope",)
+    scoped = True
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        super().__init__(None, _EventGate)
+        self._scope = scope
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+
+class Bindable(Protocol):
+    """What the backend needs of a job's runner (``JobRunner``)."""
+
+    def bind(self, handle: TaskHandle) -> None: ...
+
+
+class Backend(Protocol):
+    """How the jobs' tasks are made and held, and how a burst yields the loop."""
+
+    checkpoint: Callable[[], Coroutine[Any, Any, None]]
+    """A turn of the event loop."""
+
+    def start(
+        self,
+        runner: Bindable,
+        serve: Callable[[], Coroutine[Any, Any, None]],
+        name: str,
+        context: contextvars.Context,
+        ended: Callable[[BaseException | None], None],
+    ) -> None:
+        """Start ``serve()`` as the task of ``runner`` (bound to its handle
+        before it runs), in ``context``; ``ended`` is told when it ends, with
+        its failure on asyncio (on anyio it goes up the task group)."""
+
+    async def hold(self, until: anyio.Event, ready: Callable[[], None]) -> None:
+        """Own the tasks until ``until`` is set (``ready``: tasks can start);
+        cancelled meanwhile, take them along."""
+
+
+class _Asyncio:
+    """Plain asyncio tasks: the cheapest to start and to cancel."""
+
+    __slots__ = ("_ended", "_loop", "_new_gate", "_on_done", "_tasks")
+
+    checkpoint = staticmethod(partial(asyncio.sleep, 0))
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._tasks: list[asyncio.Task[None]] = []
+        # Made once, not per job: a closure or bound method each is ~0.2 KiB a job.
+        # asyncio's own loop makes a plain Future: made directly, without the
+        # loop's Python method around it (a frame per park); a loop of its own
+        # (uvloop, a test's) makes its futures as it likes.
+        plain = getattr(type(loop), "create_future", None) is asyncio.BaseEventLoop.create_future
+        self._new_gate: Callable[[], Gate] = (
+            partial(asyncio.Future, loop=loop) if plain else loop.create_future
+        )
+        self._on_done = self._done
+        self._ended: Callable[[BaseException | None], None] | None = None
+
+    def start(
+        self,
+        runner: Bindable,
+        serve: Callable[[], Coroutine[Any, Any, None]],
+        name: str,
+        context: contextvars.Context,
+        ended: Callable[[BaseException | None], None],
+    ) -> None:
+        task = self._loop.create_task(serve(), name=name, context=context)
+        runner.bind(TaskHandle(task, self._new_gate))
+        self._tasks.append(task)
+        self._ended = ended  # the same for every job: the owner's
+        task.add_done_callback(self._on_done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        assert self._ended is not None
+        self._ended(None if task.cancelled() else task.exception())
+
+    async def hold(self, until: anyio.Event, ready: Callable[[], None]) -> None:
+        ready()
+        try:
+            await until.wait()
+        except BaseException:
+            # The owner itself is cancelled: take the tasks along.
+            pending = [task for task in self._tasks if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(pending, timeout=_ABANDON_AFTER)
+            raise
+
+
+class _Anyio:
+    """anyio tasks (trio), each in its own cancel scope, in one task group."""
+
+    __slots__ = ("_tg",)
+
+    checkpoint = staticmethod(anyio.lowlevel.checkpoint)
+
+    def __init__(self) -> None:
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def start(
+        self,
+        runner: Bindable,
+        serve: Callable[[], Coroutine[Any, Any, None]],
+        name: str,
+        context: contextvars.Context,
+        ended: Callable[[BaseException | None], None],
+    ) -> None:
+        assert self._tg is not None, "hold() calls ready() once its task group is open"
+        # The new task copies the context it is started from: this one.
+        tg = self._tg
+        context.run(lambda: tg.start_soon(self._serve_in_scope, runner, serve, ended, name=name))
+
+    @staticmethod
+    async def _serve_in_scope(
+        runner: Bindable,
+        serve: Callable[[], Coroutine[Any, Any, None]],
+        ended: Callable[[BaseException | None], None],
+    ) -> None:
+        try:
+            with anyio.CancelScope() as scope:
+                runner.bind(_ScopedHandle(scope))
+                await serve()
+        finally:
+            ended(None)
+
+    async def hold(self, until: anyio.Event, ready: Callable[[], None]) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            ready()
+            await until.wait()
+
+
+def backend() -> Backend:
+    """The running library's: asyncio's own primitives on asyncio, anyio's elsewhere."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return _Anyio()
+    return _Asyncio(loop)

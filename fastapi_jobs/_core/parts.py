@@ -1,0 +1,104 @@
+"""What a scheduler is made of: the parts fixed when it is built, which its
+declaring, running, operating and reading sides (and the integrations' seam)
+share.
+
+One object holds them, so that each side takes what it needs from one place and
+none of them holds the ``Scheduler`` itself. ``check_parts`` refuses, with what to
+do, the parts a ``Scheduler()`` cannot work with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._clock import Clock
+from .._errors import ConfigurationError, JobNotFoundError, short
+from .._store import Instance, Store
+from .heartbeat import Heartbeat
+from .leases import LeaseKeeper
+from .observers import Observers
+from .runner import JobRunner
+
+__all__ = ["AppLifespan", "Parts", "Service", "check_history", "check_parts"]
+
+AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
+"""The app's own lifespan: ``app -> async context manager`` yielding its state."""
+
+Service = tuple[str, Callable[[], Awaitable[None]]]
+"""A task that lives as long as the jobs run (the metrics' cluster reads), by name."""
+
+
+@dataclass(eq=False, slots=True)
+class Parts:
+    """A scheduler's parts, and its jobs' runners by name (in declaration order)."""
+
+    logger: logging.Logger
+    clock: Clock
+    """Where time comes from (``Scheduler(clock=)``): a run by hand's tick."""
+    ticking: Clock
+    """Jobs tick on this clock: with a store, shifted onto the database's."""
+    store: Store | None
+    instance: Instance
+    observers: Observers
+    leases: LeaseKeeper | None
+    history: int
+    shutdown_timeout: float | None
+    app_lifespan: AppLifespan | None
+    heartbeat: Heartbeat | None = None
+    runners: dict[str, JobRunner] = field(default_factory=dict)
+    services: list[Service] = field(default_factory=list)
+    versions: dict[str, int] = field(default_factory=dict)
+    """The schedules made at run time that run here, and the version of each
+    (``_dynamic.book``): their claims name it."""
+
+    def runner(self, name: str) -> JobRunner:
+        """The runner of job ``name``; `JobNotFoundError` if none is declared."""
+        try:
+            return self.runners[name]
+        except KeyError:
+            raise JobNotFoundError(name, list(self.runners)) from None
+
+
+def check_history(history: object) -> int:
+    """``Scheduler(history=)``, checked."""
+    if not isinstance(history, int) or isinstance(history, bool) or not 0 <= history <= 10_000:
+        raise ConfigurationError(
+            f"Scheduler(history={short(history)}): the runs kept per job, a whole "
+            "number from 0 to 10000"
+        )
+    return history
+
+
+def check_parts(lifespan: object, logger: object, store: object, clock: object) -> None:
+    """Refuse, with what to do, the parts of a Scheduler that cannot work."""
+    if lifespan is not None and not callable(lifespan):
+        raise ConfigurationError(
+            f"Scheduler(lifespan={short(lifespan)}): pass the app's lifespan function "
+            "(app -> async context manager), as FastAPI(lifespan=...) takes it"
+        )
+    if logger is not None and not isinstance(logger, logging.Logger):
+        raise ConfigurationError(
+            f"Scheduler(logger={short(logger)}): pass a logging.Logger, "
+            "e.g. logging.getLogger('myapp.jobs')"
+        )
+    if isinstance(store, str):
+        raise ConfigurationError(
+            f"Scheduler(store={short(store)}): a store is not a URL; wrap it: "
+            "store=SQLAlchemyStore(url) (from fastapi_jobs.stores import SQLAlchemyStore)"
+        )
+    # The protocols say what a store and a clock have: checked against them,
+    # not against a list kept here beside them.
+    if store is not None and not isinstance(store, Store):
+        raise ConfigurationError(
+            f"Scheduler(store={short(store)}) is not a store (fastapi_jobs.stores.Store says "
+            "what one has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
+        )
+    if clock is not None and not isinstance(clock, Clock):
+        raise ConfigurationError(
+            f"Scheduler(clock={short(clock)}) is not a Clock: pass SystemClock() "
+            "or LoopClock(start) (or an object with now() and sleep_until())"
+        )

@@ -1,0 +1,175 @@
+"""The seam: what the integrations (the routers and the page, metrics, the CLI)
+read of a scheduler and ask of it, and nothing else.
+
+Each ``Scheduler`` makes one `Seam` when it is built; an integration
+given a scheduler asks for it with ``fastapi_jobs._scheduler.seam_of``, and the
+routers are built with it. So the integrations never touch the scheduler's
+private attributes, the public class shows no internal names, and this module
+imports none of the integrations (nor the scheduler): no import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from .._control import TriggeredRun
+from .._dynamic.book import ScheduleBook
+from .._dynamic.stored import StoredSchedule
+from .._job import Job
+from .._schedules import Schedule
+from .._status import ClusterView, JobStatus, PauseState, RunRecord
+from .._store import Store
+from .lifecycle import Life, app_state
+from .manual_runs import Operator
+from .parts import Parts
+from .pauses import Pauses
+from .reader import Reader
+from .runner import JobRunner
+
+__all__ = ["Seam"]
+
+
+class Seam:
+    """A scheduler's internals, as far as its integrations need them."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        life: Life,
+        reader: Reader,
+        operator: Operator,
+        pauses: Pauses,
+        book: ScheduleBook,
+    ) -> None:
+        self._parts = parts
+        self._life = life
+        self._reader = reader
+        self._operator = operator
+        self._pauses = pauses
+        self._book = book
+
+    # -- what it is
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler runs now (inside ``running()``)."""
+        return self._life.running is not None
+
+    @property
+    def store(self) -> Store | None:
+        return self._parts.store
+
+    @property
+    def instance_id(self) -> str:
+        return self._parts.instance.id
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The jobs, by name: those declared (in declaration order), then those of
+        the schedules made at run time that this instance runs."""
+        return {name: runner.job for name, runner in self._parts.runners.items()}
+
+    def runners(self) -> list[JobRunner]:
+        """Every job's runner, for figures read straight from each job's stats."""
+        return list(self._parts.runners.values())
+
+    def claimed(self, name: str) -> bool:
+        """Whether the ticks of ``name`` are claimed in the store."""
+        return self._parts.runner(name).store is not None
+
+    def now(self) -> float:
+        """Now on the clock the jobs tick on (with a store: the database's)."""
+        return self._parts.ticking.now()
+
+    # -- reading
+
+    async def cluster(self) -> ClusterView | None:
+        return await self._reader.cluster()
+
+    async def cluster_status(self) -> list[JobStatus]:
+        return self._reader.statuses(await self._reader.cluster())
+
+    def statuses(self, view: ClusterView | None) -> list[JobStatus]:
+        return self._reader.statuses(view)
+
+    async def runs(self, name: str, limit: int) -> list[RunRecord]:
+        return await self._reader.runs(name, limit)
+
+    async def recent_runs(self, names: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        return await self._reader.recent_runs(names, limit)
+
+    def paused(self, name: str) -> bool | None:
+        return self._pauses.paused(name)
+
+    # -- acting
+
+    async def trigger(self, name: str, *, wait: bool = False) -> TriggeredRun:
+        await self._book.learn(name)
+        return await self._operator.trigger(name, wait=wait)
+
+    async def start_current_tick(self, name: str) -> TriggeredRun:
+        await self._book.learn(name)
+        return await self._operator.start_current_tick(name)
+
+    async def pause(self, name: str, until: datetime | None) -> PauseState:
+        await self._book.learn(name)
+        return await self._pauses.pause(name, until)
+
+    async def resume(self, name: str) -> PauseState:
+        await self._book.learn(name)
+        return await self._pauses.resume(name)
+
+    # -- schedules made at run time
+
+    def schedules_here(self) -> list[StoredSchedule]:
+        """The stored schedules as this instance last read them (each heartbeat),
+        those it cannot run included: the page's, which must not read every row
+        of the store at each refresh."""
+        return sorted(self._book.schedules.values(), key=lambda s: s.name)
+
+    def left_alone(self) -> list[tuple[str, str, str]]:
+        """The stored schedules this instance cannot run: (name, task, why)."""
+        return [(s.name, s.task, s.left_alone or "") for s in self.schedules_here() if not s.known]
+
+    async def schedules(self) -> list[StoredSchedule]:
+        """Every stored schedule, as the store has it now."""
+        return await self._book.list()  # a failed read is the book's StoreError
+
+    async def add_schedule(
+        self,
+        name: str,
+        task: str,
+        schedule: Schedule,
+        kwargs: Mapping[str, Any],
+        options: Mapping[str, Any],
+    ) -> StoredSchedule:
+        return await self._book.add(name, task, schedule, kwargs, options)
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        task: str | None,
+        schedule: Schedule | None,
+        kwargs: Mapping[str, Any] | None,
+        options: Mapping[str, Any],
+    ) -> StoredSchedule:
+        return await self._book.update(
+            name, task=task, schedule=schedule, kwargs=kwargs, options=options
+        )
+
+    async def remove_schedule(self, name: str) -> None:
+        await self._book.remove(name)
+
+    def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
+        """Run ``service`` as a task of each run of the jobs (cancelled as they stop)."""
+        self._parts.services.append((name, service))
+
+    @asynccontextmanager
+    async def app_state(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
+        """The app's own lifespan entered (``Scheduler(lifespan=)``): what it yields."""
+        async with app_state(self._parts.app_lifespan, app) as state:
+            yield state

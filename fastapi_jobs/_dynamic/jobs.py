@@ -1,0 +1,92 @@
+"""The jobs of the schedules made at run time that this instance runs.
+
+A stored schedule this instance can run is a job like a declared one: a `Job`
+of its task with the schedule's arguments bound, and a runner in the
+scheduler's runners. A change makes a new job and runner, which takes over the
+old one's stats, history and operator's pause; the old one ends after its run
+in flight (the dispatcher drops ticks while it goes, as for any run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from .._core.declarations import check_catch_up
+from .._core.lifecycle import Life
+from .._core.parts import Parts
+from .._core.runner import JobRunner
+from .._job import Job
+from .stored import StoredSchedule, Task
+
+__all__ = ["StoredJobs"]
+
+
+class StoredJobs:
+    """The runners of the stored schedules run here, by name."""
+
+    def __init__(self, parts: Parts, life: Life, forget_pause: Callable[[str], None]) -> None:
+        self._parts = parts
+        self._life = life
+        self._forget_pause = forget_pause
+        self._runners: dict[str, JobRunner] = {}
+
+    def runs(self, name: str) -> bool:
+        """Whether ``name`` is a stored schedule's job run here."""
+        return name in self._runners
+
+    def build(self, stored: StoredSchedule, tasks: Mapping[str, tuple[Task, bool]]) -> Job:
+        """The job of ``stored`` (`Job.build`'s checks: `ConfigurationError`)."""
+        func, _ = tasks[stored.task]
+        bound = partial(func, **stored.kwargs) if stored.kwargs else func
+        options: dict[str, Any] = {"name": stored.name, **stored.options}
+        job = Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
+        check_catch_up(job, self._parts.store)
+        return job
+
+    def install(self, job: Job, version: int) -> None:
+        """Run ``job`` here from now on, in place of its schedule's job before."""
+        parts = self._parts
+        runner = JobRunner(job, parts.ticking, parts.logger, parts.leases, parts.history)
+        runner.observers = parts.observers or None
+        old = self._runners.get(job.name)
+        if old is None:
+            self._forget_pause(job.name)  # the store's pause of the name applies anew
+        else:
+            # The schedule's job goes on, under its new spec: its counts, its
+            # history and its pause are the same job's.
+            runner.stats, runner.history, runner.thread_done = (
+                old.stats,
+                old.history,
+                old.thread_done,
+            )
+            if old.paused_until != old.job.declared_pause or old.pause_unknown:
+                # Paused or resumed by an operator (or not known yet): still so.
+                # Else the new spec's own default holds (``paused=`` changed).
+                runner.paused_until, runner.pause_unknown = old.paused_until, old.pause_unknown
+        self._runners[job.name] = parts.runners[job.name] = runner
+        if runner.leases is not None and getattr(parts.store, "schedules", None) is not None:
+            # Its claims carry the version (a store without a schedules table,
+            # a store of one's own, keeps schedules in this process: no check).
+            parts.versions[job.name] = version
+        else:
+            parts.versions.pop(job.name, None)
+        if old is not None:
+            old.retired = True  # its stats are the new runner's from now on
+            old.stop()  # after its run in flight
+        running = self._life.running
+        if running is not None:
+            running.adopt(runner)
+
+    def retire(self, name: str) -> None:
+        """Run the schedule ``name`` here no more (after its run in flight)."""
+        old = self._runners.pop(name, None)
+        if old is None:
+            return
+        self._parts.runners.pop(name, None)
+        self._parts.versions.pop(name, None)
+        old.stop()  # after its run in flight
+        running = self._life.running
+        if running is not None:
+            running.let_go()

@@ -1,0 +1,130 @@
+"""What the two routers share: an operation's error as its HTTP answer (or, for
+a form of the status page, a redirect back that says what happened), a JSON
+body read and checked, and the paths of the routes in the app that includes
+them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn, TypeVar
+
+from fastapi import HTTPException, Request
+from pydantic import BaseModel, ValidationError
+from starlette.routing import NoMatchFound
+
+from .._errors import (
+    ConfigurationError,
+    JobNotFoundError,
+    JobRunningError,
+    NotRunningError,
+    StoreError,
+    UnconfirmedError,
+)
+from .page import notice_url
+
+__all__ = ["NOT_FOUND", "NO_STORE", "fail", "from_page", "path_of", "read_json"]
+
+Model = TypeVar("Model", bound=BaseModel)
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No job has this name."}}
+NO_STORE: dict[int | str, dict[str, Any]] = {
+    503: {"description": "The store cannot be reached, or the app is stopping: nothing changed."}
+}
+
+
+# What the status page says of an operation's error (else: "unavailable").
+_NOTICE_OF: tuple[tuple[type[Exception], str], ...] = (
+    (UnconfirmedError, "unsure"),
+    (JobNotFoundError, "unknown"),
+    (JobRunningError, "running"),
+    (ConfigurationError, "invalid"),
+)
+
+
+def fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
+    """The HTTP answer of an operation's error; for a form of the status page
+    (``page``: its path), a redirect back to it that says what happened."""
+    if page is not None:
+        code = next((c for kind, c in _NOTICE_OF if isinstance(exc, kind)), "unavailable")
+        raise HTTPException(303, headers={"Location": notice_url(page, code, name)}) from None
+    if isinstance(exc, JobNotFoundError):
+        raise HTTPException(404, str(exc)) from None
+    if isinstance(exc, ConfigurationError):
+        raise HTTPException(422, str(exc)) from None
+    if isinstance(exc, (StoreError, NotRunningError)):
+        raise HTTPException(503, str(exc)) from None
+    raise exc
+
+
+def path_of(request: Request, route: str, **params: str) -> str | None:
+    """The path of one of our routes in this app (its prefixes and root path
+    included), or None if the app does not have it."""
+    try:
+        return request.url_for(route, **params).path
+    except NoMatchFound:
+        return None
+
+
+def from_page(request: Request) -> str | None:
+    """The status page's path if ``request`` is one of its forms (a browser's
+    navigation, which asks for HTML), else None: an API call gets JSON."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return None
+    return path_of(request, "fastapi_jobs_ui")
+
+
+async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:
+    """The request's body as ``model``: 415 unless it says it is JSON (a page
+    elsewhere can post text/plain or a form with no preflight, never JSON) in
+    UTF-8, 422
+    saying what is wrong with it (past ``most`` bytes, not JSON, not the model;
+    ``example``: a body that works), never what was sent echoed whole."""
+    kind, _, params = request.headers.get("content-type", "").partition(";")
+    kind = kind.strip().lower()
+    if kind != "application/json" and not (
+        kind.startswith("application/") and kind.endswith("+json")
+    ):
+        got = repr(kind[:60]) if kind else "none"
+        raise HTTPException(
+            415, f"send the body as JSON, with Content-Type: application/json (got {got})"
+        )
+    charset = _charset(params)
+    if charset not in (None, "utf-8", "utf8"):
+        # JSON is UTF-8 (RFC 8259); a body in another charset would be read as
+        # UTF-8, and fail as "not JSON" or arrive changed.
+        raise HTTPException(
+            415, f"send the body as JSON in UTF-8 (got charset={charset[:40]!r}); drop the charset"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > most:
+            _unprocessable(f"the body takes more than {most} bytes: send e.g. {example}")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        _unprocessable(f"the body is not JSON: send an object, e.g. {example}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        if not first["loc"]:
+            _unprocessable(f"the body is not a JSON object: send e.g. {example}")
+        where = ".".join(str(part) for part in first["loc"])
+        if len(where) > 60:  # a key that was sent: never echoed whole
+            where = f"{where[:60]}… ({len(where)} characters)"
+        _unprocessable(f"{where}: {first['msg']} (send e.g. {example})")
+
+
+def _charset(params: str) -> str | None:
+    """The ``charset`` of a Content-Type's parameters (after the ``;``), lower case."""
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+def _unprocessable(detail: str) -> NoReturn:
+    raise HTTPException(422, detail)

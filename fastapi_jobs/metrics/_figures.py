@@ -1,0 +1,242 @@
+"""What a scrape shows of a scheduler: each job's numbers, copied on the event
+loop in one go (a ``Row``: the scheduler changes them on the loop, and a
+family's samples must agree with each other), then emitted into a sink
+(``metrics._families``) in prometheus_client's order of families."""
+
+from __future__ import annotations
+
+from array import array
+from itertools import accumulate
+from typing import NamedTuple
+
+from .._core.runner import JobRunner
+from .._core.seam import Seam
+from .._schedules import Every
+from .._status import ClusterJobStatus, ClusterView
+from ._families import (
+    CLUSTER_RUNNING,
+    HAND_OFF,
+    INSTANCES,
+    INTERVAL,
+    LAST_RUN,
+    NEXT_RUN,
+    OUTCOME,
+    PAUSED,
+    READ,
+    RETRIES,
+    RUNNING,
+    RUNS,
+    SCHEDULER_RUNNING,
+    SKIPPED,
+    STORE_UP,
+    SUCCESS,
+    Family,
+    MetricSink,
+    TextSink,
+)
+from ._recorders import DURATIONS, LATENESS, Recorder, Series
+
+__all__ = ["Figures", "Row", "Snapshot"]
+
+OUTCOMES = ("ok", "failed", "timed_out", "cancelled")
+Sink = MetricSink | TextSink
+
+
+class Row(NamedTuple):
+    """One job's numbers, copied on the event loop in one go."""
+
+    name: str
+    runs: int
+    ok: int
+    failures: int
+    timeouts: int
+    cancelled: int
+    skipped: dict[str, int] | None
+    retries: int
+    busy: bool
+    next_run_at: float | None
+    interval: float | None
+    claimed: bool
+    last_ok_at: float | None
+    paused: bool
+    durations: array[float] | None
+    lateness: array[float] | None  # by job only
+    hand_off: str | None
+
+
+class Snapshot(NamedTuple):
+    """What is one per process, copied on the event loop."""
+
+    scheduler_running: bool
+    lateness: array[float] | None  # of the process (not by job)
+    view: ClusterView | None
+    store_up: bool | None
+
+
+class Figures:
+    """The families of one scheduler's metrics, and how its state fills them."""
+
+    def __init__(self, seam: Seam, recorder: Recorder | None, histograms_by_job: bool) -> None:
+        self.seam, self._recorder = seam, recorder
+        self.histograms_by_job = histograms_by_job
+        self._intervals: dict[str, tuple[float, float]] = {}  # cron jobs: (tick, gap to next)
+        self.durations = Family(
+            DURATIONS[0],
+            "histogram" if histograms_by_job else "summary",
+            DURATIONS[1],
+            ("job_name",),
+        )
+        self.lateness = Family(
+            LATENESS[0], "histogram", LATENESS[1], ("job_name",) if histograms_by_job else ()
+        )
+        # In the order prometheus_client's families were yielded (and are written).
+        # In multiprocess mode (no recorder) the counts are prometheus_client's own.
+        counted = [RUNS, SKIPPED, RETRIES, RUNNING, self.durations, self.lateness]
+        cluster = [STORE_UP, READ, LAST_RUN, OUTCOME, CLUSTER_RUNNING, INSTANCES]
+        self.families = [
+            *(counted if recorder is not None else ()),
+            *(SCHEDULER_RUNNING, NEXT_RUN, INTERVAL, SUCCESS, PAUSED, HAND_OFF),
+            *(cluster if seam.store is not None else ()),
+        ]
+
+    def snapshot(self, view: ClusterView | None, store_up: bool | None) -> Snapshot:
+        recorder = self._recorder
+        lateness = None
+        if recorder is not None and not recorder.lateness.by_job:
+            lateness = recorder.lateness.copy("")
+        running = self.seam.running
+        return Snapshot(running, lateness, view, store_up)
+
+    def rows(self, runners: list[JobRunner]) -> list[Row]:
+        now = self.seam.now()
+        recorder = self._recorder
+        durations = None if recorder is None else recorder.durations
+        lateness = None if recorder is None or not recorder.lateness.by_job else recorder.lateness
+        rows = []
+        for runner in runners:
+            name, stats = runner.job.name, runner.stats
+            tick = stats.next_run_at
+            skipped = stats.skipped
+            rows.append(
+                Row(
+                    name,
+                    stats.runs,
+                    stats.ok,
+                    stats.failures,
+                    stats.timeouts,
+                    stats.cancelled,
+                    None if skipped is None else dict(skipped),
+                    stats.retries,
+                    runner.busy,
+                    tick,
+                    None if tick is None else self._interval(runner, tick),
+                    runner.store is not None,
+                    stats.last_ok_at,
+                    # Kept in step with the store's pauses by each heartbeat.
+                    runner.paused_until > now,
+                    None if durations is None else durations.copy(name),
+                    None if lateness is None else lateness.copy(name),
+                    None if runner.job.enqueue is None else runner.job.enqueue.name,
+                )
+            )
+        return rows
+
+    def emit_process(self, snapshot: Snapshot, sink: Sink) -> None:
+        if self._recorder is not None and not self.histograms_by_job:
+            self._series(sink, self.lateness, (), snapshot.lateness, self._recorder.lateness)
+        sink.add(SCHEDULER_RUNNING, "", (), float(snapshot.scheduler_running))
+        if self.seam.store is None:
+            return
+        sink.add(STORE_UP, "", (), float(bool(snapshot.store_up)))
+        view = snapshot.view
+        if view is not None:
+            if view.read_at is not None:
+                sink.add(READ, "", (), view.read_at)
+            sink.add(INSTANCES, "", (), len(view.instances))
+
+    def emit_jobs(self, rows: list[Row], view: ClusterView | None, sink: Sink) -> None:
+        recorder = self._recorder
+        if recorder is not None:
+            self._process_counters(rows, sink)
+            for row in rows:
+                job = (row.name,)
+                self._series(sink, self.durations, job, row.durations, recorder.durations)
+                if self.histograms_by_job:
+                    self._series(sink, self.lateness, job, row.lateness, recorder.lateness)
+        for row in rows:
+            job = (row.name,)
+            if row.next_run_at is not None:
+                sink.add(NEXT_RUN, "", job, row.next_run_at)
+                if row.interval is not None:
+                    sink.add(INTERVAL, "", job, row.interval)
+            if row.claimed:
+                cluster = None if view is None else view.jobs.get(row.name)
+                if cluster is not None:
+                    last = cluster.last_success_at
+                    sink.add(SUCCESS, "", job, 0.0 if last is None else last.timestamp())
+            elif row.last_ok_at is not None:
+                sink.add(SUCCESS, "", job, row.last_ok_at)
+            elif row.runs:
+                sink.add(SUCCESS, "", job, 0.0)
+            sink.add(PAUSED, "", job, float(row.paused))
+            if row.hand_off is not None:
+                sink.add(HAND_OFF, "", (row.name, row.hand_off), 1.0)
+
+    def _process_counters(self, runners: list[Row], sink: Sink) -> None:
+        for stats in runners:  # each job's JobStats, as copied on the loop
+            name = stats.name
+            by_outcome = (  # each ended run counted once, by its outcome (JobStats)
+                stats.ok,
+                stats.failures - stats.timeouts,
+                stats.timeouts,
+                stats.cancelled,
+            )
+            for outcome, count in zip(OUTCOMES, by_outcome, strict=True):
+                sink.add(RUNS, "_total", (name, outcome), count)
+            for reason, count in (stats.skipped or {}).items():
+                sink.add(SKIPPED, "_total", (name, reason), count)
+            sink.add(RETRIES, "_total", (name,), stats.retries)
+            sink.add(RUNNING, "", (name,), float(stats.busy))
+
+    @staticmethod
+    def _series(
+        sink: Sink,
+        family: Family,
+        labels: tuple[str, ...],
+        cells: array[float] | None,
+        series: Series,
+    ) -> None:
+        if cells is None:
+            return
+        if series.bounds:
+            for edge, count in zip(series.edges, accumulate(cells[:-1]), strict=True):
+                sink.add(family, "_bucket", (*labels, edge), count)
+            sink.add(family, "_count", labels, count)
+        else:
+            sink.add(family, "_count", labels, cells[0])
+        sink.add(family, "_sum", labels, cells[-1])
+
+    @staticmethod
+    def emit_cluster_jobs(jobs: list[tuple[str, ClusterJobStatus]], sink: Sink) -> None:
+        for name, job in jobs:
+            label = (name,)
+            if job.last_finished_at is not None:
+                sink.add(LAST_RUN, "", label, job.last_finished_at.timestamp())
+            if job.last_outcome is not None:
+                for each in OUTCOMES:
+                    sink.add(OUTCOME, "", (name, each), float(each == job.last_outcome))
+            sink.add(CLUSTER_RUNNING, "", label, float(job.running_on is not None))
+
+    def _interval(self, runner: JobRunner, tick: float) -> float | None:
+        schedule = runner.job.schedule
+        if isinstance(schedule, Every):
+            return schedule.interval.total_seconds()
+        known = self._intervals.get(runner.job.name)
+        if known is None or known[0] != tick:
+            # A cron's next tick, asked once per tick (not per scrape).
+            try:
+                after = schedule.next_after(tick)
+            except Exception:  # noqa: BLE001 - a custom schedule's bug must not fail a scrape
+                return None
+            known = self._intervals[runner.job.name] = (tick, after - tick)
+        return known[1]

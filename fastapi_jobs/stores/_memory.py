@@ -1,0 +1,403 @@
+"""A store in this process's memory, on a clock of the test's: for tests of
+schedules and of claims across instances in virtual time.
+
+`SQLAlchemyStore` reads the database server's clock and waits on real I/O.
+Under a fast-forwarded loop (``looptime``) virtual time races past its
+deadlines while a statement is on its way, and the database's clock does not
+move with the loop's. ``MemoryStore`` keeps the same rows in dictionaries and
+reads the clock it is given (the schedulers' `LoopClock`), so its deadlines and
+leases are virtual too. Several schedulers given stores on one
+`MemoryDatabase` are instances of one app sharing its database.
+
+The rules are the SQL store's, row for row (``stores/_claim_statements.py``,
+``stores/_statements.py``): a tick is claimed only if it is newer than the
+job's last claimed one, its lease is free (a hand-off's only once released),
+the job is not paused (unless by hand), and the tick is not ahead of the
+database's clock by more than a second. It does not keep stored schedules,
+backfills or hand-off outboxes: those need `SQLAlchemyStore`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import anyio.lowlevel
+
+from .._checks import seconds
+from .._clock import Clock, SystemClock
+from .._errors import ConfigurationError, TickAheadError
+from .._results import Outcome
+from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
+from .._store import Ended, Instance
+
+__all__ = ["MemoryDatabase", "MemoryStore"]
+
+# How far ahead of the database's clock a tick may be claimed (the SQL store's).
+_FUTURE_MARGIN = 1.0
+_REPLACED = "RunReplacedError: replaced by the newer tick claimed by "
+_SAID = "MemoryStore(): "
+
+
+@dataclass(slots=True)
+class _Claim:
+    """A job's row of claims: its last claimed tick and its last run."""
+
+    last_tick: float
+    fence: int
+    owner: str
+    lease_until: float | None  # None: released
+    started_at: float
+    finished_at: float | None = None
+    outcome: Outcome | None = None
+    error: str | None = None
+    duration: float | None = None
+
+
+@dataclass(slots=True)
+class _Run:
+    """A row of the run history."""
+
+    job: str
+    fence: int
+    tick: float
+    manual: bool
+    attempts: int
+    started_at: float
+    finished_at: float
+    duration: float | None
+    outcome: Outcome | None
+    error: str | None
+    instance: str
+
+
+@dataclass(slots=True)
+class _Seen:
+    hostname: str
+    pid: int
+    started_at: float
+    seen_at: float
+
+
+@dataclass
+class MemoryDatabase:
+    """What instances of one app share: the rows a database would hold, and
+    the clock it reads (`SystemClock` unless given: give the schedulers' own
+    `LoopClock` in virtual time)."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    claims: dict[str, _Claim] = field(default_factory=dict, repr=False)
+    runs: list[_Run] = field(default_factory=list, repr=False)
+    pauses: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)
+    instances: dict[str, _Seen] = field(default_factory=dict, repr=False)
+
+
+class MemoryStore:
+    """A `fastapi_jobs.stores.Store` in this process's memory (for tests).
+
+    One per scheduler, as one `SQLAlchemyStore` is: stores made on one
+    ``database`` (a `MemoryDatabase`) are instances of one app sharing it. Given
+    a ``clock`` instead, the store makes a database of its own that reads it.
+    In virtual time, give the database the schedulers' `LoopClock`::
+
+        clock = LoopClock(datetime(2026, 1, 1, tzinfo=UTC))
+        database = MemoryDatabase(clock)
+        a = Scheduler(clock=clock, store=MemoryStore(database))
+        b = Scheduler(clock=clock, store=MemoryStore(database))
+    """
+
+    def __init__(
+        self,
+        database: MemoryDatabase | None = None,
+        *,
+        clock: Clock | None = None,
+        lease: float | timedelta = 30,
+        timeout: float | timedelta = 5,
+        heartbeat: float | timedelta = 10,
+        history: int = 100,
+    ) -> None:
+        if database is not None and clock is not None:
+            raise ConfigurationError(
+                f"{_SAID}give a database or a clock, not both: the database reads its own clock"
+            )
+        if database is not None and not isinstance(database, MemoryDatabase):
+            raise ConfigurationError(f"{_SAID}database must be a MemoryDatabase, not {database!r}")
+        self.database = database or MemoryDatabase(clock or SystemClock())
+        """The rows this store shares with the stores made on the same database."""
+        self.lease = seconds("lease", lease, context=_SAID)
+        self.timeout = seconds("timeout", timeout, context=_SAID)
+        self.heartbeat = seconds("heartbeat", heartbeat, context=_SAID)
+        if self.timeout >= self.lease / 3:
+            raise ConfigurationError(
+                f"{_SAID}timeout ({self.timeout:g}s) must be shorter than a third of the "
+                f"lease ({self.lease:g}s), so a renewal can fail and be retried in time"
+            )
+        if not isinstance(history, int) or isinstance(history, bool) or history < 0:
+            raise ConfigurationError(f"{_SAID}history={history!r}: a whole number from 0")
+        self.history = history
+        self._instance: Instance | None = None
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(lease={self.lease:g}, timeout={self.timeout:g})"
+
+    @property
+    def _owner(self) -> str:
+        assert self._instance is not None, "opened by its scheduler first"
+        return self._instance.id
+
+    def _now(self) -> float:
+        return self.database.clock.now()
+
+    async def open(self, state: Mapping[str, object], instance: Instance) -> None:
+        await anyio.lowlevel.checkpoint()
+        self._instance = instance
+
+    async def close(self) -> None:
+        await anyio.lowlevel.checkpoint()
+        if self._instance is not None:
+            self.database.instances.pop(self._instance.id, None)
+
+    # -- claims and releases: the SQL store's conditions ----------------------
+
+    async def claim(
+        self,
+        wanted: Sequence[tuple[str, float]],
+        *,
+        manual: bool = False,
+        versions: Mapping[str, int] | None = None,
+        replace: Collection[str] = (),
+        handoffs: Collection[str] = (),
+    ) -> dict[str, int | Exception]:
+        """See `fastapi_jobs.stores.Store.claim`."""
+        await anyio.lowlevel.checkpoint()
+        now, owner = self._now(), self._owner
+        fences: dict[str, int | Exception] = {}
+        for job, tick in wanted:
+            if tick > now + _FUTURE_MARGIN:
+                fences[job] = TickAheadError(tick, now)
+                continue
+            if not manual and self._paused(job, now):
+                continue
+            row = self.database.claims.get(job)
+            if row is None:
+                self.database.claims[job] = _Claim(tick, 1, owner, now + self.lease, now)
+                fences[job] = 1
+                continue
+            if row.last_tick >= tick:
+                continue
+            held = row.lease_until is not None and (row.lease_until >= now or job in handoffs)
+            if held and (manual or job not in replace):
+                continue
+            if held and row.lease_until is not None and row.lease_until >= now:
+                self._replaced(job, row, owner, now)  # overlap="replace" takes it over
+            row.last_tick, row.fence, row.owner = tick, row.fence + 1, owner
+            row.lease_until, row.started_at = now + self.lease, now
+            fences[job] = row.fence
+        return fences
+
+    def _paused(self, job: str, now: float) -> bool:
+        until, _ = self.database.pauses.get(job, (0.0, 0))
+        return until > now
+
+    def _replaced(self, job: str, row: _Claim, owner: str, now: float) -> None:
+        """The history row of the run that a claim with ``replace`` cancels."""
+        if self.history:
+            self.database.runs.append(
+                _Run(
+                    job=job,
+                    fence=row.fence,
+                    tick=row.last_tick,
+                    manual=False,
+                    attempts=1,
+                    started_at=row.started_at,
+                    finished_at=now,
+                    duration=max(0.0, now - row.started_at),
+                    outcome="cancelled",
+                    error=_REPLACED + owner,
+                    instance=row.owner,
+                )
+            )
+
+    async def reclaim(
+        self, wanted: Sequence[tuple[str, float]]
+    ) -> dict[str, int | tuple[float, float] | Exception]:
+        """See `fastapi_jobs.stores.Store.reclaim`."""
+        await anyio.lowlevel.checkpoint()
+        now, owner = self._now(), self._owner
+        answer: dict[str, int | tuple[float, float] | Exception] = {}
+        for job, tick in wanted:
+            row = self.database.claims.get(job)
+            if row is None or row.lease_until is None:
+                continue  # released (or never claimed)
+            if row.last_tick == tick and row.lease_until < now and not self._paused(job, now):
+                row.fence, row.owner = row.fence + 1, owner
+                row.lease_until, row.started_at = now + self.lease, now
+                answer[job] = row.fence
+            else:
+                answer[job] = (row.last_tick, row.lease_until - now)
+        return answer
+
+    async def renew(self, job: str, fence: int) -> bool:
+        await anyio.lowlevel.checkpoint()
+        row = self.database.claims.get(job)
+        if row is None or row.fence != fence or row.lease_until is None:
+            return False  # taken over, or released: a late renewal does not re-take it
+        row.lease_until = self._now() + self.lease
+        return True
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        """See `fastapi_jobs.stores.Store.release`."""
+        await anyio.lowlevel.checkpoint()
+        now = self._now()
+        for end in ended:
+            row = self.database.claims.get(end.job)
+            if row is None or row.fence != end.fence or row.lease_until is None:
+                continue  # not the job's latest claim, or released already
+            row.lease_until = None
+            if end.outcome is None:
+                continue  # its run never started: only freed
+            row.finished_at, row.outcome = now, end.outcome
+            row.error, row.duration = end.error, end.duration
+            if self.history:
+                tick = row.last_tick if end.tick is None else end.tick
+                self.database.runs.append(
+                    _Run(
+                        job=end.job,
+                        fence=end.fence,
+                        tick=tick,
+                        manual=end.manual,
+                        attempts=end.attempts,
+                        started_at=row.started_at,
+                        finished_at=now,
+                        duration=end.duration,
+                        outcome=end.outcome,
+                        error=end.error,
+                        instance=row.owner,
+                    )
+                )
+        return {}
+
+    async def last_tick(self, job: str) -> float | None:
+        await anyio.lowlevel.checkpoint()
+        row = self.database.claims.get(job)
+        return None if row is None else row.last_tick
+
+    # -- instances, pauses, reads -------------------------------------------
+
+    async def beat(self) -> float:
+        await anyio.lowlevel.checkpoint()
+        instance, now = self._instance, self._now()
+        assert instance is not None, "opened by its scheduler first"
+        seen = self.database.instances.get(instance.id)
+        if seen is None:
+            self.database.instances[instance.id] = _Seen(instance.hostname, instance.pid, now, now)
+        else:
+            seen.seen_at = now
+        return now
+
+    async def pause(self, job: str, until: float | None) -> int:
+        return await self._set_pause(job, math.inf if until is None else until)
+
+    async def resume(self, job: str) -> int:
+        return await self._set_pause(job, 0.0)
+
+    async def _set_pause(self, job: str, until: float) -> int:
+        await anyio.lowlevel.checkpoint()
+        _, version = self.database.pauses.get(job, (0.0, 0))
+        # As the SQL store's: never below the clock in µs, so it only grows.
+        version = max(version + 1, int(self._now() * 1_000_000))
+        self.database.pauses[job] = (until, version)
+        return version
+
+    async def pauses(self) -> dict[str, tuple[float, int]]:
+        await anyio.lowlevel.checkpoint()
+        return dict(self.database.pauses)
+
+    async def read(self) -> ClusterView:
+        await anyio.lowlevel.checkpoint()
+        now, db = self._now(), self.database
+        live = sorted(
+            (seen.started_at, id_, seen)
+            for id_, seen in db.instances.items()
+            if seen.seen_at > now - 3 * self.heartbeat
+        )
+        return ClusterView(
+            jobs={job: self._job_status(job, row, now) for job, row in db.claims.items()},
+            instances=[
+                InstanceStatus(
+                    id=id_,
+                    hostname=seen.hostname,
+                    pid=seen.pid,
+                    started_at=datetime.fromtimestamp(seen.started_at, UTC),
+                    seen_at=datetime.fromtimestamp(seen.seen_at, UTC),
+                )
+                for _, id_, seen in live
+            ],
+            pauses={job: until for job, (until, _) in db.pauses.items()},
+            pause_versions={job: version for job, (_, version) in db.pauses.items()},
+            read_at=now,
+        )
+
+    def _job_status(self, job: str, row: _Claim, now: float) -> ClusterJobStatus:
+        successes = [
+            r.finished_at for r in self.database.runs if r.job == job and r.outcome == "ok"
+        ]
+        last_success = row.finished_at if row.outcome == "ok" else max(successes, default=None)
+        return ClusterJobStatus(
+            last_tick=_utc(row.last_tick),
+            fence=row.fence,
+            last_started_at=_utc(row.started_at),
+            last_finished_at=_utc(row.finished_at),
+            last_duration_s=row.duration,
+            last_outcome=row.outcome,
+            last_error=ErrorInfo.parse(row.error),
+            last_success_at=_utc(last_success),
+            last_instance=row.owner,
+            running_on=row.owner if row.lease_until is not None and row.lease_until > now else None,
+        )
+
+    async def runs(self, job: str, limit: int) -> list[RunRecord]:
+        await anyio.lowlevel.checkpoint()
+        return self._newest(job, limit)
+
+    async def recent_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        await anyio.lowlevel.checkpoint()
+        return {job: self._newest(job, limit) for job in jobs}
+
+    def _newest(self, job: str, limit: int) -> list[RunRecord]:
+        found = [run for run in reversed(self.database.runs) if run.job == job][:limit]
+        return [_record(run) for run in found]
+
+    async def prune(self) -> None:
+        """Keep each job's last ``history`` runs."""
+        await anyio.lowlevel.checkpoint()
+        kept: dict[str, int] = {}
+        newest_first: list[_Run] = []
+        for run in reversed(self.database.runs):
+            kept[run.job] = kept.get(run.job, 0) + 1
+            if kept[run.job] <= self.history:
+                newest_first.append(run)
+        self.database.runs[:] = reversed(newest_first)
+
+
+def _utc(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def _record(run: _Run) -> RunRecord:
+    return RunRecord(
+        id=str(run.fence),
+        job=run.job,
+        tick=_utc(run.tick),
+        manual=run.manual,
+        attempts=run.attempts,
+        started_at=_utc(run.started_at),
+        finished_at=_utc(run.finished_at),
+        duration_s=run.duration,
+        outcome=run.outcome,
+        error=ErrorInfo.parse(run.error),
+        instance=run.instance,
+        fence=run.fence,
+    )
