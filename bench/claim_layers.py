@@ -76,11 +76,13 @@ async def layers(url: str, iterations: int = ITERATIONS) -> dict[str, dict[int, 
     try:
         async with engine.connect() as conn:
 
+            # The statement returns the rows claimed and one more: the
+            # database's clock (_claim_statements.with_clock).
             async def driver_sql(rows: list[tuple[str, float]]) -> int:
-                return len((await conn.exec_driver_sql(sql, args(rows))).all())
+                return len((await conn.exec_driver_sql(sql, args(rows))).all()) - 1
 
             async def asyncpg_own(rows: list[tuple[str, float]]) -> int:
-                return len(await prepared.fetch(*args(rows)))
+                return len(await prepared.fetch(*args(rows))) - 1
 
             ways = {
                 "store.claim": claim,

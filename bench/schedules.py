@@ -190,7 +190,7 @@ async def write_schedules(url: str, n: int, every: float) -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from fastapi_jobs import Every
-    from fastapi_jobs._stored import encode
+    from fastapi_jobs._dynamic.stored import encode
     from fastapi_jobs.stores import SQLAlchemyStore
 
     engine = create_async_engine(url)
@@ -218,7 +218,7 @@ async def write_schedules(url: str, n: int, every: float) -> None:
 async def change_one(url: str, plan: Plan, value: int) -> None:
     """One schedule's arguments changed, by another client (the API's statement)."""
     from fastapi_jobs import Every
-    from fastapi_jobs._stored import encode
+    from fastapi_jobs._dynamic.stored import encode
     from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
     store = SQLAlchemyStore(url)

@@ -9,11 +9,12 @@ database), ``fastapi_jobs.observers`` (run hooks), ``fastapi_jobs.testing``
 import warnings as _warnings
 from typing import Any as _Any
 
-from ._backfill_results import BackfillResult, BackfillTick
-from ._bounds import ScheduleBounds
+from ._backfill.results import BackfillResult, BackfillTick
 from ._clock import Clock, SystemClock
 from ._context import JobContext
 from ._control import TriggeredRun
+from ._dynamic.bounds import ScheduleBounds
+from ._dynamic.stored import StoredSchedule
 from ._errors import (
     ConfigurationError,
     FastAPIJobsError,
@@ -40,7 +41,6 @@ from ._status import (
     PauseState,
     RunRecord,
 )
-from ._stored import StoredSchedule
 
 __all__ = [
     "BackfillResult",

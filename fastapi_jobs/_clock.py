@@ -16,7 +16,7 @@ import anyio
 
 # anyio.sleep finds the running library on every call (~1.2 µs, a tenth of a
 # tick's whole cost): asyncio's own sleep on asyncio.
-from ._concurrency import sleep as _sleep
+from ._core.concurrency import sleep as _sleep
 
 __all__ = ["Clock", "LoopClock", "OffsetClock", "SystemClock"]
 

@@ -3,7 +3,7 @@ operators pass (a pause's end, a history's length).
 
 The operations themselves are `fastapi_jobs.Scheduler` methods
 (``trigger``, ``pause``, ``resume``, ``runs``); the HTTP endpoints that call
-them are in ``_router``.
+them are in ``_web.status_routes``.
 """
 
 from __future__ import annotations

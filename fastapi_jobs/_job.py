@@ -15,10 +15,10 @@ from typing import Any, TypedDict
 from ._checks import check_name, flag, seconds
 from ._context import JobContext
 from ._errors import ConfigurationError, short
-from ._handing_off import handing_off
 from ._policies import Overlap, check_overlap, jitter_of, jittered
 from ._schedules import Schedule
 from .queues import Handoff, Outbox
+from .queues._job_body import handing_off
 
 __all__ = ["OPTIONS", "Job", "JobOptions", "check_options"]
 

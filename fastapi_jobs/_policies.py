@@ -2,7 +2,7 @@
 a fixed spread of its ticks (``jitter``).
 
 The overlap policy is carried out by the dispatcher, which meets the busy job,
-and the job's task, which runs what was kept (``_runner``). Jitter is a
+and the job's task, which runs what was kept (``_core.runner``). Jitter is a
 schedule: `Jittered` moves every tick of the one it wraps by the same offset,
 derived from the job's name, so every instance and every restart computes the
 same ticks and their claims still meet on one tick.

@@ -1,8 +1,8 @@
 """How a run ended, in one place: its outcome, why a tick did not run, what a
 run hands back, and what ``run_now`` / ``trigger(...).wait()`` return.
 
-A run is the guarded run's (``_guarded``) to end: it makes the `Ran`
-of each attempt, a tick's runs (``_tick_runs``) fold retries into one, and
+A run is the guarded run's (``_core.attempt``) to end: it makes the `Ran`
+of each attempt, a tick's runs (``_core.tick_runs``) fold retries into one, and
 the history, the store's release and a caller asking by hand read that one
 value. `RunResult` is the public face of a `Ran`, made here
 only (`RunResult.of`). The per-job counters a run moves live in

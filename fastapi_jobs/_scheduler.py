@@ -1,10 +1,10 @@
 """The scheduler: the public class, made of the sides that do its work.
 
 ``Scheduler`` keeps the signatures and docstrings users see, and hands each call
-to the side that does it: declaring (``_declaring``, the options in
-``_job.JobOptions``), running (``_running``: one object per ``running()``),
-operating (``_operating``, ``_pausing``) and reading (``_reading``). The
-integrations reach it through its seam (``seam_of``, ``_seam``), never its
+to the side that does it: declaring (``_core.declarations``, the options in
+``_job.JobOptions``), running (``_core.lifecycle``: one object per ``running()``),
+operating (``_core.manual_runs``, ``_core.pauses``) and reading (``_core.reader``). The
+integrations reach it through its seam (``seam_of``, ``_core.seam``), never its
 private attributes.
 """
 
@@ -16,28 +16,28 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ._backfill_api import BackfillMethods
-from ._bounds import ScheduleBounds
+from ._backfill.api import BackfillMethods
 from ._checks import flag, seconds
 from ._clock import Clock, OffsetClock, SystemClock
 from ._control import TriggeredRun
-from ._declaring import add_job, add_observer, add_observers
+from ._core.declarations import add_job, add_observer, add_observers
+from ._core.heartbeat import Heartbeat
+from ._core.leases import LeaseKeeper
+from ._core.lifecycle import Life, Running, app_state
+from ._core.manual_runs import Operator
+from ._core.observers import Observers
+from ._core.parts import AppLifespan, Parts, check_history, check_parts
+from ._core.pauses import Pauses
+from ._core.reader import Reader
+from ._core.runner import HISTORY, RunResult
+from ._core.seam import Seam
+from ._dynamic.api import ScheduleMethods
+from ._dynamic.book import ScheduleBook
+from ._dynamic.bounds import ScheduleBounds
 from ._errors import ConfigurationError, short
-from ._heartbeat import Heartbeat
 from ._job import Job, JobOptions, check_options
-from ._leases import LeaseKeeper
 from ._logging import LIBRARY
-from ._observe import Observers
-from ._operating import Operator
-from ._parts import AppLifespan, Parts, check_history, check_parts
-from ._pausing import Pauses
-from ._reading import Reader
-from ._runner import HISTORY, RunResult
-from ._running import Life, Running, app_state
-from ._schedule_api import ScheduleMethods
-from ._schedule_book import ScheduleBook
 from ._schedules import Cron, Every, Schedule
-from ._seam import Seam
 from ._status import ClusterView, JobStatus, PauseState, RunRecord
 from ._store import Instance, Store
 
@@ -366,7 +366,7 @@ class Scheduler(ScheduleMethods, BackfillMethods):
         ``app.include_router(scheduler.router, dependencies=[Depends(admin)])``.
         """
         if self._router is None:
-            from ._router import build_router
+            from ._web.status_routes import build_router
 
             self._router = build_router(self._seam)
         return self._router
@@ -402,7 +402,7 @@ class Scheduler(ScheduleMethods, BackfillMethods):
                 "control_router(dependencies=[Depends(require_admin)]), or public=True "
                 "if the app is protected some other way (a private network)"
             )
-        from ._control_router import build_control_router
+        from ._web.control_routes import build_control_router
 
         return build_control_router(
             self._seam, list(dependencies or ()), bounds or ScheduleBounds()
@@ -410,5 +410,5 @@ class Scheduler(ScheduleMethods, BackfillMethods):
 
 
 def seam_of(scheduler: Scheduler) -> Seam:
-    """What the integrations read of ``scheduler`` and ask of it (see ``_seam``)."""
+    """What the integrations read of ``scheduler`` and ask of it (see ``_core.seam``)."""
     return scheduler._seam

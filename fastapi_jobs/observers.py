@@ -16,7 +16,7 @@ called in the job's task; ``async def`` ones are queued and awaited in order)::
 
 from __future__ import annotations
 
-from ._observe import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
+from ._core.observers import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
 
 __all__ = ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"]
 

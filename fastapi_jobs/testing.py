@@ -19,7 +19,7 @@ your jobs").
 from __future__ import annotations
 
 from ._clock import LoopClock
-from ._memory_store import MemoryDatabase, MemoryStore
+from .stores._memory import MemoryDatabase, MemoryStore
 
 __all__ = ["LoopClock", "MemoryDatabase", "MemoryStore"]
 

@@ -32,8 +32,8 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
         "fastapi_jobs.tracing", "the OpenTelemetry API", "otel", "opentelemetry-api"
     ) from exc
 
+from ._core.observers import LeaseLost, RunFinished, RunStarted, TickSkipped
 from ._errors import ConfigurationError, short
-from ._observe import LeaseLost, RunFinished, RunStarted, TickSkipped
 from ._scheduler import Scheduler
 
 __all__ = ["Tracing", "instrument"]

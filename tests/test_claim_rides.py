@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fastapi_jobs import JobContext, Scheduler
-from fastapi_jobs._claims import Claims
+from fastapi_jobs._core.claims import Claims
 from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore
 
 from .conftest import claim1, open_store

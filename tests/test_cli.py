@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fastapi_jobs._cli import main
+from fastapi_jobs._cli.main import main
 
 from .support.cluster import ROOT
 

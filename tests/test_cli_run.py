@@ -15,7 +15,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from fastapi_jobs._cli import main
+from fastapi_jobs._cli.main import main
 
 from .apps import cli_app
 from .conftest import pause_in_store

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_jobs._cli import main
+from fastapi_jobs._cli.main import main
 from fastapi_jobs.stores import Instance, SQLAlchemyStore
 
 from .support.cluster import ROOT, App

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import Every, JobContext, Scheduler
-from fastapi_jobs._dispatcher import GROUP_FROM, WATCH_EVERY
+from fastapi_jobs._core.dispatcher import GROUP_FROM, WATCH_EVERY
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import START, serving

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fastapi_jobs._heartbeat import OffsetEstimate
+from fastapi_jobs._core.heartbeat import OffsetEstimate
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .support.instances import engine_for, first_runs

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
 from fastapi_jobs._distribution import NAME
+from fastapi_jobs._dynamic.stored import ScheduleOptions
 from fastapi_jobs._job import DEFAULTS
-from fastapi_jobs._stored import ScheduleOptions
 
 from .conftest import serve
 from .support.postgres import PostgresServer
@@ -372,7 +372,7 @@ def test_no_snippet_rebinds_the_metrics_module() -> None:
 
     for _, block in BLOCKS:
         assert not re.search(r"^\s*metrics\s*(?::[^=]*)?=[^=]", block, re.MULTILINE), block
-    docs = "".join(TEXTS.values()) + (ROOT / "fastapi_jobs" / "metrics.py").read_text()
+    docs = "".join(TEXTS.values()) + (ROOT / "fastapi_jobs" / "metrics" / "__init__.py").read_text()
     if not hasattr(fastapi_jobs.metrics, "router"):
         assert re.findall(r"(?<![\w.])metrics\.router\(", docs) == []
 

@@ -12,7 +12,7 @@ import fastapi_jobs
 
 PACKAGE = Path(fastapi_jobs.__file__).parent
 LONGEST_FUNCTION = 60
-INLINED = {("_dispatcher.py", "_dispatch")}  # the hot path, measured
+INLINED = {("_core/dispatcher.py", "_dispatch")}  # the hot path, measured
 
 
 def test_no_function_is_past_60_lines() -> None:
@@ -21,6 +21,7 @@ def test_no_function_is_past_60_lines() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > LONGEST_FUNCTION and (path.name, node.name) not in INLINED:
-                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = lines
+                where = str(path.relative_to(PACKAGE))
+                if lines > LONGEST_FUNCTION and (where, node.name) not in INLINED:
+                    long[f"{where}:{node.name}"] = lines
     assert long == {}

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import Every, JobContext, Scheduler, TickAheadError
-from fastapi_jobs._claims import Claims
-from fastapi_jobs._dispatcher import GROUP_FROM
+from fastapi_jobs._core.claims import Claims
+from fastapi_jobs._core.dispatcher import GROUP_FROM
 from fastapi_jobs._store import Ended
 from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore

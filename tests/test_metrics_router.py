@@ -23,8 +23,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from fastapi_jobs import Every, Scheduler
 from fastapi_jobs import metrics as metrics_module
-from fastapi_jobs._scrape import Exposition, forget_dead_processes
 from fastapi_jobs.metrics import Metrics, instrument
+from fastapi_jobs.metrics._scrape import Exposition, forget_dead_processes
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from .conftest import HOUR, serve, virtual_scheduler

@@ -264,7 +264,7 @@ async def test_the_page_says_which_jobs_are_schedules_and_which_it_cannot_run(
 ) -> None:
     """A stored schedule's row names its task; the schedules whose task this
     release lacks are listed once, below the jobs, their names as text."""
-    from fastapi_jobs._stored import encode
+    from fastapi_jobs._dynamic.stored import encode
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     hostile = "<img src=x onerror=alert(1)>"

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from fastapi_jobs import Every
-from fastapi_jobs._stored import encode
+from fastapi_jobs._dynamic.stored import encode
 
 from .apps.page_app import HOSTILE, RARE, SCRIPT_ERROR
 from .conftest import open_store

@@ -14,7 +14,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from fastapi_jobs import Every, JobContext, Scheduler, StoreError, _heartbeat
+from fastapi_jobs import Every, JobContext, Scheduler, StoreError
+from fastapi_jobs._core import heartbeat as _heartbeat
 from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
 from .conftest import claim1, serve

@@ -24,6 +24,7 @@ from . import (
     test_job_faults,
     test_lifespan,
     test_loop,
+    test_memory_store,
     test_metrics,
     test_observe,
     test_operate,
@@ -163,6 +164,7 @@ _CORE = (
     test_operate,
     test_dispatcher,
     test_clock_steps,
+    test_memory_store,
     test_observe,
     test_tracing,
     test_metrics,
@@ -197,7 +199,7 @@ _ASYNCIO_ONLY = {
         "a SQLite store"
     ),
 }
-_NEEDS_ASYNCIO = ("postgres", "database_url", "cluster_url")  # a store's fixtures
+_NEEDS_ASYNCIO = ("postgres", "stepped_postgres", "database_url", "cluster_url")  # stores'
 
 
 def _virtual(module: ModuleType, test: Callable[..., Any]) -> bool:

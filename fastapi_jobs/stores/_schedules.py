@@ -1,5 +1,5 @@
 """The store's schedules table: the schedules made at run time
-(``fastapi_jobs._stored.ScheduleTable`` on ``<prefix>schedules``).
+(``fastapi_jobs._dynamic.stored.ScheduleTable`` on ``<prefix>schedules``).
 
 A row's ``version`` grows with each change and is never below the database's
 clock in microseconds (as a pause's: see ``_statements.pause``), so that
@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._dynamic.stored import ScheduleRow
 from .._errors import StoreError
 from .._status import ErrorInfo
-from .._stored import ScheduleRow
 from ._db_clock import db_now
 from ._operations import NOT_OPEN, Operations
 from ._tables import Tables

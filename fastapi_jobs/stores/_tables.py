@@ -14,7 +14,7 @@
 - ``<prefix>handoffs``: the outbox of hand-off jobs, one row per (job, tick)
   handed to a queue that cannot refuse a duplicate by itself (``_outbox``);
   pruned with the history.
-- ``<prefix>schedules``: the schedules made at run time (``fastapi_jobs._stored``),
+- ``<prefix>schedules``: the schedules made at run time (``fastapi_jobs._dynamic.stored``),
   one row per name; ``version`` grows with each change (a removal leaves the
   row, marked ``removed``, so that every instance reads it), and a claim of a
   stored schedule's tick is made only under the version the row has.
