@@ -75,7 +75,6 @@ async def layers(url: str, iterations: int = ITERATIONS) -> dict[str, dict[int, 
     seen = [0]
     try:
         async with engine.connect() as conn:
-
             # The statement returns the rows claimed and one more: the
             # database's clock (_claim_statements.with_clock).
             async def driver_sql(rows: list[tuple[str, float]]) -> int:
