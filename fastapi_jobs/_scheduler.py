@@ -39,7 +39,7 @@ from ._job import Job, JobOptions, check_options
 from ._logging import LIBRARY
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus, PauseState, RunRecord
-from ._store import Instance, Store
+from ._store import Capabilities, Instance, Store
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -112,6 +112,7 @@ class Scheduler(ScheduleMethods, BackfillMethods):
             clock=clock,
             ticking=ticking,
             store=store,
+            capabilities=Capabilities.of(store),
             instance=Instance(),
             observers=Observers(logger),
             leases=None if store is None else LeaseKeeper(store),
@@ -125,7 +126,7 @@ class Scheduler(ScheduleMethods, BackfillMethods):
         self._book = ScheduleBook(parts, self._life, pauses)
         if store is not None and on_db_time is not None:
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
-            if hasattr(store, "schedules"):
+            if parts.capabilities.schedules is not None:
                 parts.heartbeat.also.append(("the stored schedules", self._book.sync))
         self._reader = Reader(parts, self._life, pauses)
         self._operator = Operator(parts, self._life, self._reader)

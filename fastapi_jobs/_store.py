@@ -9,13 +9,24 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+from ._errors import ConfigurationError, short
 from ._status import ClusterView, Outcome, RunRecord
+from .queues import Outbox
 
-__all__ = ["Ended", "Instance", "Store"]
+__all__ = [
+    "Capabilities",
+    "Ended",
+    "Instance",
+    "PastTicks",
+    "Refused",
+    "ScheduleRow",
+    "ScheduleTable",
+    "Store",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +90,12 @@ class Store(Protocol):
     database's clock, not after the caller gave up), else they are left out of
     the answer, as if held elsewhere. The others of ``wanted`` are claimed as
     usual. The instant's claim only saves work: each job's own claim decides.
+
+    Optional too: ``schedules`` (a `ScheduleTable`: schedules made at run
+    time), ``backfills`` (`PastTicks`: `Scheduler.backfill`) and ``outbox``
+    (`fastapi_jobs.queues.Outbox`: hand-offs recorded). The scheduler reads
+    what a store has once, when it is built (`Capabilities`), and refuses one
+    that offers a capability with a method missing, naming the method.
     """
 
     lease: float
@@ -207,3 +224,127 @@ class Store(Protocol):
 
     async def prune(self) -> None:
         """Apply the run history's retention (the scheduler calls it now and then)."""
+
+
+# -- what a store may have beyond the protocol ------------------------------
+
+
+class ScheduleRow(NamedTuple):
+    """A row of the store's schedules table, as the scheduler reads it."""
+
+    name: str
+    task: str
+    spec: str
+    """`encode`'s JSON."""
+    version: int
+    updated_at: float
+    removed: bool
+
+
+@runtime_checkable
+class ScheduleTable(Protocol):
+    """What a store keeps schedules in (``SQLAlchemyStore.schedules``). Each
+    write is made within the store's timeout or not at all (`StoreError`), as a
+    pause is (`Store.pause`), and returns the row as written."""
+
+    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
+        """Insert; None if a live schedule has the name."""
+
+    async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
+        """Replace the spec of the live schedule ``name`` whose version is still
+        ``expect``; None if there is none (removed, or changed meanwhile)."""
+
+    async def get(self, name: str) -> ScheduleRow | None:
+        """The live schedule ``name``, if there is one."""
+
+    async def remove(self, name: str) -> ScheduleRow | None:
+        """Mark removed (a row left, so that every instance reads the removal);
+        None if no live schedule has the name."""
+
+    async def changes(self, since: int) -> list[ScheduleRow]:
+        """The rows changed at or after version ``since``, removals included
+        (``since`` 0: every live row)."""
+
+
+Refused = Literal["ran", "held", "changed"]
+"""Why a past tick was not claimed: ``ran``, the history has a run of it (or
+it is the job's last tick claimed: ran, running, or given back unrun);
+``held``, the job's lease is held (a run going, here or elsewhere);
+``changed``, the stored schedule is not the version the backfill runs (changed
+or removed on some instance), or a declared job's name is a stored schedule's."""
+
+
+@runtime_checkable
+class PastTicks(Protocol):
+    """What a store claims past ticks with (``SQLAlchemyStore.backfills``):
+    `Scheduler.backfill` needs it."""
+
+    async def claim(self, job: str, tick: float, version: int | None = None) -> int | Refused:
+        """Claim ``job``'s past ``tick``: its fence, or why not. ``version``:
+        the stored schedule's the backfill runs (None: a declared job). Made
+        within the store's ``timeout`` or given up (`TimeoutError`)."""
+
+
+_Both = Callable[..., Awaitable[tuple[Mapping[str, Exception], Mapping[str, int | Exception]]]]
+
+
+class Capabilities(NamedTuple):
+    """What a store can do beyond `Store`, each read once, when the scheduler
+    is built (`of`): every part of the scheduler asks here, not the store.
+
+    A store has a capability by having its attribute: ``schedules`` (a
+    `ScheduleTable`: schedules made at run time, shared by the instances),
+    ``backfills`` (`PastTicks`), ``outbox`` (`fastapi_jobs.queues.Outbox`: a
+    record of hand-offs), ``instant_claims = True`` and
+    ``release_then_claim`` (see `Store`). One that has the attribute but not
+    all of its methods is refused, by name, when the scheduler is built."""
+
+    schedules: ScheduleTable | None = None
+    backfills: PastTicks | None = None
+    outbox: Outbox | None = None
+    instant_claims: bool = False
+    release_then_claim: _Both | None = None
+
+    @classmethod
+    def of(cls, store: Store | None) -> Capabilities:
+        """``store``'s capabilities; `ConfigurationError` naming what a
+        capability it offers lacks."""
+        if store is None:
+            return cls()
+        named = {"schedules": ScheduleTable, "backfills": PastTicks, "outbox": Outbox}
+        found: dict[str, Any] = {}
+        for name, protocol in named.items():
+            part = getattr(store, name, None)
+            if part is not None:
+                _check(store, name, part, protocol)
+            found[name] = part
+        both = getattr(store, "release_then_claim", None)
+        if both is not None and not callable(both):
+            raise ConfigurationError(
+                f"{short(store)}.release_then_claim is not a method: remove it, or see Store"
+            )
+        return cls(
+            **found,
+            instant_claims=getattr(store, "instant_claims", False) is True,
+            release_then_claim=both,
+        )
+
+
+def missing(part: object, protocol: type) -> list[str]:
+    """The methods and attributes of ``protocol`` that ``part`` lacks."""
+    wanted = [
+        name
+        for name in (*vars(protocol), *getattr(protocol, "__annotations__", {}))
+        if not name.startswith("_")
+    ]
+    return sorted({name for name in wanted if not hasattr(part, name)})
+
+
+def _check(store: object, name: str, part: object, protocol: type) -> None:
+    lacks = missing(part, protocol)
+    if lacks:
+        raise ConfigurationError(
+            f"the store's {name} ({short(part)}) lacks {', '.join(lacks)}: a "
+            f"{protocol.__name__} has them (see fastapi_jobs.stores.Store); give the "
+            f"store all of them, or no `{name}`"
+        )

@@ -258,3 +258,59 @@ async def test_a_pause_until_an_instant_ends_on_every_instance() -> None:
     paused = sum(s.job_status("job").skipped.get("paused", 0) for s in schedulers)
     assert paused == 2 * 5
     assert math.isfinite(clock.now())
+
+
+# -- a store's capabilities, read once ---------------------------------------------
+
+
+class Lacking(MemoryStore):
+    """A store of one's own that offers schedules, but not all of a table's methods."""
+
+    class Half:
+        async def create(self, name: str, task: str, spec: str) -> None: ...
+
+    schedules = Half()
+
+
+def test_a_capability_offered_in_part_is_refused_by_name_when_the_scheduler_is_built() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Scheduler(store=Lacking())
+    said = str(raised.value)
+    assert "schedules" in said and "change, changes, get, remove" in said, said
+    assert "ScheduleTable" in said
+
+
+def test_a_store_without_the_protocol_is_told_what_it_lacks() -> None:
+    class Partial:
+        lease, timeout, heartbeat = 30.0, 5.0, 10.0
+
+        async def claim(self) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"it lacks .*beat.*release"):
+        Scheduler(store=Partial())  # type: ignore[arg-type]
+
+
+def test_the_capabilities_are_read_from_each_store() -> None:
+    from fastapi_jobs._store import Capabilities
+    from fastapi_jobs.stores import SQLAlchemyStore
+
+    sql = Capabilities.of(SQLAlchemyStore("sqlite+aiosqlite:///unused.sqlite3"))
+    assert sql.schedules is not None and sql.backfills is not None and sql.outbox is not None
+    assert sql.instant_claims and sql.release_then_claim is not None
+    assert Capabilities.of(MemoryStore()) == Capabilities()
+    assert Capabilities.of(None) == Capabilities()
+
+
+async def test_a_store_without_backfills_says_so_when_asked_to_backfill() -> None:
+    scheduler = Scheduler(store=MemoryStore(), shutdown_timeout=5)
+
+    @scheduler.every(hours=1, name="job")
+    async def job(ctx: JobContext) -> None: ...
+
+    async with scheduler.running():
+        with pytest.raises(ConfigurationError, match="cannot claim past ticks"):
+            await scheduler.backfill(
+                "job",
+                since=datetime(2026, 1, 1, tzinfo=UTC),
+                until=datetime(2026, 1, 2, tzinfo=UTC),
+            )

@@ -147,10 +147,10 @@ class Backfills:
                 f"backfill(until={_utc(end).isoformat()}): the range must be in the past, "
                 f"and until is after now ({_utc(now).isoformat()}): pass until <= now"
             )
-        if runner.leases is not None and not hasattr(runner.store, "backfills"):
+        if runner.leases is not None and self._parts.capabilities.backfills is None:
             raise ConfigurationError(
                 f"cannot backfill {name!r}: this store cannot claim past ticks (it has no "
-                "`backfills`; fastapi_jobs.stores.SQLAlchemyStore can)"
+                "`backfills`, a PastTicks; fastapi_jobs.stores.SQLAlchemyStore has)"
             )
         ticks = ticks_in(runner.job.schedule, start, end, max_ticks)
         if len(ticks) > max_ticks:
@@ -320,15 +320,15 @@ class Backfills:
         """The fence of the claim of ``tick``, or how the tick went instead: ran
         already, its lease held for a whole lease (``held``), the store out, the
         job's schedule changed or removed since the backfill began."""
-        store, at = runner.store, _utc(tick)
-        assert store is not None
+        store, past, at = runner.store, self._parts.capabilities.backfills, _utc(tick)
+        assert store is not None and past is not None
         # A lease held by a run going elsewhere is waited for, up to a lease's length:
         # longer, and the job runs on elsewhere (or its holder died): skipped.
         give_up = anyio.current_time() + store.lease
         while True:
             runner.in_flight = True  # no live tick starts here while it claims
             try:
-                got = await store.backfills.claim(runner.job.name, tick, version)  # type: ignore[attr-defined]
+                got = await past.claim(runner.job.name, tick, version)
             except Exception as exc:  # noqa: BLE001 - the tick's outcome, and the end
                 return BackfillTick(
                     at,

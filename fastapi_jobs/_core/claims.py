@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._errors import StoreError, TickAheadError, short
-from .._store import Ended, Store
+from .._store import Capabilities, Ended, Store
 from .heartbeat import Heartbeat
 
 __all__ = ["Claims"]
@@ -60,10 +60,17 @@ class Claims:
     """Claims the ticks of this instance's jobs; gathers and sends their releases."""
 
     def __init__(
-        self, store: Store, logger: logging.Logger, versions: Mapping[str, int] | None = None
+        self,
+        store: Store,
+        logger: logging.Logger,
+        versions: Mapping[str, int] | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
         self.store = store
         self.logger = logger
+        capabilities = capabilities or Capabilities.of(store)
+        self._instants = capabilities.instant_claims
+        self._both = capabilities.release_then_claim
         self.versions = {} if versions is None else versions
         """The schedules made at run time, by name, and the version of each this
         instance runs (kept current by ``_dynamic.book``): passed with every
@@ -115,7 +122,7 @@ class Claims:
         tick, whether it runs now or not), if the store claims instants: the
         set's key is a digest of its names (and of the stored schedules'
         versions), the same on every instance that has the same set."""
-        if not jobs or not getattr(self.store, "instant_claims", False):
+        if not jobs or not self._instants:
             return None
         names = sorted(together)
         versions = self.versions
@@ -150,7 +157,7 @@ class Claims:
                 if self._sending:
                     # Their releases on their way: sent with this claim if they fail.
                     await self._sent_for({job for job, _ in wanted})
-                both = getattr(store, "release_then_claim", None)
+                both = self._both
                 if both is not None and (self._unreleased or self._ended):
                     return await self._release_then_claim(both, wanted, given)
                 if self._unreleased or self._ended:

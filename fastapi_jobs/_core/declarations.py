@@ -51,8 +51,7 @@ def add_job(
             "scheduler is already running; declare jobs before the app starts"
         )
     # A store may keep an outbox (a record of the ticks handed off to queues).
-    outbox = getattr(parts.store, "outbox", None)
-    job = Job.build(func, schedule, options, where=where, outbox=outbox)
+    job = Job.build(func, schedule, options, where=where, outbox=parts.capabilities.outbox)
     if job.name in parts.runners:
         raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
     if job.name in RESERVED:

@@ -130,7 +130,11 @@ class Running:
             runners = self.runners = list(parts.runners.values())
         if self.ticking:
             log_start(parts.logger, runners, parts.ticking.now())
-        claims = None if store is None else Claims(store, parts.logger, parts.versions)
+        claims = (
+            None
+            if store is None
+            else Claims(store, parts.logger, parts.versions, parts.capabilities)
+        )
         dispatcher = Dispatcher(parts.ticking, claims)
         if parts.heartbeat is not None:
             parts.heartbeat.on_step = dispatcher.kick

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._clock import Clock
 from .._errors import ConfigurationError, JobNotFoundError, short
-from .._store import Instance, Store
+from .._store import Capabilities, Instance, Store, missing
 from .heartbeat import Heartbeat
 from .leases import LeaseKeeper
 from .observers import Observers
@@ -42,6 +42,8 @@ class Parts:
     ticking: Clock
     """Jobs tick on this clock: with a store, shifted onto the database's."""
     store: Store | None
+    capabilities: Capabilities
+    """What ``store`` can do beyond `Store`, read once (`Capabilities.of`)."""
     instance: Instance
     observers: Observers
     leases: LeaseKeeper | None
@@ -94,8 +96,9 @@ def check_parts(lifespan: object, logger: object, store: object, clock: object) 
     # not against a list kept here beside them.
     if store is not None and not isinstance(store, Store):
         raise ConfigurationError(
-            f"Scheduler(store={short(store)}) is not a store (fastapi_jobs.stores.Store says "
-            "what one has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
+            f"Scheduler(store={short(store)}) is not a store: it lacks "
+            f"{', '.join(missing(store, Store))} (fastapi_jobs.stores.Store says what one "
+            "has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
         )
     if clock is not None and not isinstance(clock, Clock):
         raise ConfigurationError(

@@ -15,7 +15,7 @@ import anyio
 from .._control import check_limit
 from .._errors import StoreError
 from .._status import ClusterView, ErrorInfo, JobStatus, RunRecord
-from ..queues import Outbox, handoff_key
+from ..queues import handoff_key
 from .lifecycle import Life
 from .parts import Parts
 from .pauses import Pauses
@@ -122,7 +122,7 @@ class Reader:
             return
         recorded: Mapping[tuple[str, float], str] = {}
         store = self._parts.store
-        outbox: Outbox | None = getattr(store, "outbox", None)
+        outbox = self._parts.capabilities.outbox
         if store is not None and outbox is not None and self._life.running is not None:
             try:
                 with anyio.fail_after(store.timeout):

@@ -37,10 +37,10 @@ from .._errors import (
 )
 from .._schedules import Schedule
 from .._status import ErrorInfo
+from .._store import ScheduleRow
 from .jobs import StoredJobs
 from .reading import ScheduleReading
 from .stored import (
-    ScheduleRow,
     StoredSchedule,
     Task,
     check_kwargs,

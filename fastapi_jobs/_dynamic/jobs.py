@@ -66,7 +66,7 @@ class StoredJobs:
                 # Else the new spec's own default holds (``paused=`` changed).
                 runner.paused_until, runner.pause_unknown = old.paused_until, old.pause_unknown
         self._runners[job.name] = parts.runners[job.name] = runner
-        if runner.leases is not None and getattr(parts.store, "schedules", None) is not None:
+        if runner.leases is not None and parts.capabilities.schedules is not None:
             # Its claims carry the version (a store without a schedules table,
             # a store of one's own, keeps schedules in this process: no check).
             parts.versions[job.name] = version

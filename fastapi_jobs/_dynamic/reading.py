@@ -19,8 +19,9 @@ from .._core.lifecycle import Life
 from .._core.parts import Parts
 from .._errors import ConfigurationError
 from .._schedules import Schedule
+from .._store import ScheduleRow, ScheduleTable
 from .jobs import StoredJobs
-from .stored import ScheduleRow, ScheduleTable, StoredSchedule, Task, check_kwargs, decode
+from .stored import StoredSchedule, Task, check_kwargs, decode
 
 __all__ = ["READ_ALL_EVERY", "UNREADABLE", "ScheduleReading"]
 
@@ -50,7 +51,7 @@ class ScheduleReading:
 
     @property
     def _table(self) -> ScheduleTable | None:
-        return getattr(self._parts.store, "schedules", None)
+        return self._parts.capabilities.schedules
 
     def _store_timeout(self) -> float:
         store = self._parts.store

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol, TypedDict
+from typing import Any, TypedDict
 from zoneinfo import ZoneInfo
 
 from .._checks import check_name, flag, seconds
@@ -26,12 +26,11 @@ from .._errors import ConfigurationError, short
 from .._policies import OVERLAPS
 from .._redaction import is_text
 from .._schedules import Cron, Every, Schedule
+from .._store import ScheduleRow
 
 __all__ = [
     "MAX_SPEC",
     "ScheduleOptions",
-    "ScheduleRow",
-    "ScheduleTable",
     "StoredSchedule",
     "Task",
     "check_kwargs",
@@ -112,42 +111,6 @@ class StoredSchedule:
             "known": self.known,
             "left_alone": self.left_alone,
         }
-
-
-class ScheduleRow(NamedTuple):
-    """A row of the store's schedules table, as the scheduler reads it."""
-
-    name: str
-    task: str
-    spec: str
-    """`encode`'s JSON."""
-    version: int
-    updated_at: float
-    removed: bool
-
-
-class ScheduleTable(Protocol):
-    """What a store keeps schedules in (``SQLAlchemyStore.schedules``). Each
-    write is made within the store's timeout or not at all (`StoreError`), as a
-    pause is (`Store.pause`), and returns the row as written."""
-
-    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
-        """Insert; None if a live schedule has the name."""
-
-    async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
-        """Replace the spec of the live schedule ``name`` whose version is still
-        ``expect``; None if there is none (removed, or changed meanwhile)."""
-
-    async def get(self, name: str) -> ScheduleRow | None:
-        """The live schedule ``name``, if there is one."""
-
-    async def remove(self, name: str) -> ScheduleRow | None:
-        """Mark removed (a row left, so that every instance reads the removal);
-        None if no live schedule has the name."""
-
-    async def changes(self, since: int) -> list[ScheduleRow]:
-        """The rows changed at or after version ``since``, removals included
-        (``since`` 0: every live row)."""
 
 
 Task = Callable[..., Any]

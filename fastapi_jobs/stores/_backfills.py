@@ -8,25 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
-from .._store import Ended
+from .._store import Ended, Refused
 from . import _backfill_statements as sql
 from ._operations import NOT_OPEN, Operations
 from ._tables import Tables
 
 __all__ = ["Refused", "StoreBackfills"]
-
-Refused = Literal["ran", "held", "changed"]
-"""Why a past tick was not claimed: ``ran``, the history has a run of it (or
-it is the job's last tick claimed: ran, running, or given back unrun);
-``held``, the job's lease is held (a run going, here or elsewhere);
-``changed``, the stored schedule is not the version the backfill runs (changed
-or removed on some instance), or a declared job's name is a stored schedule's."""
 
 # A claim made between a probe and the claim moves the fence: probe again, a
 # few times (each time a live claim won the race), then say the lease is held.

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._dynamic.stored import ScheduleRow
 from .._errors import StoreError
 from .._status import ErrorInfo
+from .._store import ScheduleRow
 from ._db_clock import db_now
 from ._operations import NOT_OPEN, Operations
 from ._tables import Tables
