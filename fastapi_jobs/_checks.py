@@ -9,11 +9,12 @@ and their messages read alike.
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TypeGuard
 
 from ._errors import ConfigurationError, short
 
-__all__ = ["MAX_NAME", "check_name", "flag", "seconds"]
+__all__ = ["MAX_NAME", "check_name", "flag", "is_aware", "is_whole", "seconds"]
 
 _DOT_SEGMENTS = (".", "..")
 MAX_NAME = 200
@@ -56,6 +57,17 @@ def seconds(
     if result > maximum:
         raise ConfigurationError(f"{said}: too long; the most it takes is {maximum:g} seconds")
     return result
+
+
+def is_whole(value: object, low: float = -math.inf, high: float = math.inf) -> TypeGuard[int]:
+    """Whether ``value`` is a whole number (an ``int``, not a ``bool``) from
+    ``low`` to ``high``. Each caller says in its own words what the number is."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def is_aware(value: datetime) -> bool:
+    """Whether ``value`` names one instant (a time zone that gives an offset)."""
+    return value.tzinfo is not None and value.utcoffset() is not None
 
 
 def flag(option: str, value: object, *, context: str = "") -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -18,7 +18,7 @@ import anyio
 # tick's whole cost): asyncio's own sleep on asyncio.
 from ._core.concurrency import sleep as _sleep
 
-__all__ = ["Clock", "LoopClock", "OffsetClock", "SystemClock"]
+__all__ = ["Clock", "LoopClock", "OffsetClock", "SystemClock", "as_datetime"]
 
 
 @runtime_checkable
@@ -127,3 +127,8 @@ class OffsetClock:
         if self._steady:
             return _sleep(max(0.0, ts - self.now()))
         return self.inner.sleep_until(ts - self.offset)
+
+
+def as_datetime(ts: float) -> datetime:
+    """The instant ``ts`` (POSIX seconds) as an aware UTC datetime."""
+    return datetime.fromtimestamp(ts, UTC)

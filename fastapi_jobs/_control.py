@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from ._checks import is_aware, is_whole
 from ._errors import ConfigurationError, short
 from ._results import Manual, RunResult
 
@@ -67,7 +68,7 @@ def check_until(until: object, now: float) -> float | None:
             f"until={short(until)}: pass an aware datetime (e.g. "
             "datetime.now(UTC) + timedelta(hours=2)), or None to pause until resumed"
         )
-    if until.tzinfo is None or until.utcoffset() is None:
+    if not is_aware(until):
         raise ConfigurationError(
             f"until={until.isoformat()} has no time zone: give one (UTC, e.g. "
             "2026-12-01T08:00:00Z, or an offset), so every instance reads it alike"
@@ -92,7 +93,7 @@ def check_until(until: object, now: float) -> float | None:
 
 
 def check_limit(limit: object) -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RUNS:
+    if not is_whole(limit, 1, MAX_RUNS):
         raise ConfigurationError(
             f"limit={short(limit)}: must be a whole number from 1 to {MAX_RUNS}"
         )

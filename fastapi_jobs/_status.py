@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ._clock import as_datetime
 from ._results import Outcome, SkipReason
 
 __all__ = [
@@ -260,7 +261,7 @@ def utc(ts: float | None) -> datetime | None:
     if ts is None:
         return None
     try:
-        return datetime.fromtimestamp(ts, UTC)
+        return as_datetime(ts)
     except (OverflowError, OSError, ValueError):
         return None
 

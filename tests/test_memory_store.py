@@ -235,7 +235,7 @@ async def test_a_run_longer_than_its_lease_is_renewed_and_holds_the_job() -> Non
     assert len(spans) >= 2
     assert all(end - start == pytest.approx(100) for start, end in spans)  # none cancelled
     assert all(b[0] >= a[1] for a, b in pairwise(spans))  # never together
-    assert all(status.last_outcome == "ok" for status in statuses if status.runs)
+    assert sum(status.failures for status in statuses) == 0
 
 
 @pytest.mark.looptime

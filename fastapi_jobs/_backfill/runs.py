@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
+from .._checks import is_aware, is_whole
+from .._clock import as_datetime
 from .._core.lifecycle import Life, Running
 from .._core.parts import Parts
 from .._core.runner import JobRunner
@@ -60,17 +62,13 @@ def backfills(seam: Seam) -> Backfills:
     return engine
 
 
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)
-
-
 def _instant(what: str, value: object) -> float:
     if not isinstance(value, datetime):
         raise ConfigurationError(
             f"backfill({what}={short(value)}): pass an aware datetime, "
             "e.g. datetime(2026, 12, 1, tzinfo=UTC)"
         )
-    if value.tzinfo is None or value.utcoffset() is None:
+    if not is_aware(value):
         raise ConfigurationError(
             f"backfill({what}={value.isoformat()}): the datetime has no time zone; "
             "give it one (tzinfo=UTC, or an ISO 8601 instant ending in Z or +01:00)"
@@ -120,11 +118,7 @@ class Backfills:
         (`JobNotFoundError`, `ConfigurationError`, `NotRunningError`,
         `JobRunningError` for a backfill of the job going already)."""
         runner = self._parts.runner(name)
-        if (
-            not isinstance(max_ticks, int)
-            or isinstance(max_ticks, bool)
-            or not 1 <= max_ticks <= MOST_TICKS
-        ):
+        if not is_whole(max_ticks, 1, MOST_TICKS):
             raise ConfigurationError(
                 f"backfill(max_ticks={short(max_ticks)}): the most ticks to run, a whole "
                 f"number from 1 to {MOST_TICKS:,} (default {MAX_TICKS})"
@@ -132,8 +126,8 @@ class Backfills:
         start, end = _instant("since", since), _instant("until", until)
         if start > end:
             raise ConfigurationError(
-                f"backfill(): the range is reversed: since={_utc(start).isoformat()} is after "
-                f"until={_utc(end).isoformat()}; pass since <= until"
+                f"backfill(): the range is reversed: since={as_datetime(start).isoformat()} is "
+                f"after until={as_datetime(end).isoformat()}; pass since <= until"
             )
         running = self._life.running
         if running is None or runner.stopping:
@@ -144,8 +138,8 @@ class Backfills:
         now = self._parts.ticking.now()
         if end > now:
             raise ConfigurationError(
-                f"backfill(until={_utc(end).isoformat()}): the range must be in the past, "
-                f"and until is after now ({_utc(now).isoformat()}): pass until <= now"
+                f"backfill(until={as_datetime(end).isoformat()}): the range must be in the past, "
+                f"and until is after now ({as_datetime(now).isoformat()}): pass until <= now"
             )
         if runner.leases is not None and self._parts.capabilities.backfills is None:
             raise ConfigurationError(
@@ -156,8 +150,9 @@ class Backfills:
         if len(ticks) > max_ticks:
             raise ConfigurationError(
                 f"backfill(): the range has more than max_ticks={max_ticks} ticks of job "
-                f"{name!r} ({_utc(start).isoformat()} to {_utc(end).isoformat()}): pass a "
-                "higher max_ticks (or --max), or a shorter range"
+                f"{name!r} ({as_datetime(start).isoformat()} to "
+                f"{as_datetime(end).isoformat()}): pass a higher max_ticks (or --max), or a "
+                "shorter range"
             )
         if name in self.going:
             raise JobRunningError(name, message=f"a backfill of job {name!r} is going already")
@@ -271,7 +266,7 @@ class Backfills:
     ) -> BackfillTick:
         """Run ``tick`` of ``runner``'s job (claimed first, with a store, under
         ``version`` if it is a stored schedule's): how it went."""
-        at = _utc(tick)
+        at = as_datetime(tick)
         if not await self._free(runner, running):
             return self._stopped(runner, at)
         fence: int | None = None
@@ -320,7 +315,7 @@ class Backfills:
         """The fence of the claim of ``tick``, or how the tick went instead: ran
         already, its lease held for a whole lease (``held``), the store out, the
         job's schedule changed or removed since the backfill began."""
-        store, past, at = runner.store, self._parts.capabilities.backfills, _utc(tick)
+        store, past, at = runner.store, self._parts.capabilities.backfills, as_datetime(tick)
         assert store is not None and past is not None
         # A lease held by a run going elsewhere is waited for, up to a lease's length:
         # longer, and the job runs on elsewhere (or its holder died): skipped.

@@ -20,11 +20,12 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import NamedTuple
 
 import anyio
 
+from .._clock import as_datetime
 from .._errors import ConfigurationError, short
 from .._status import Outcome, SkipReason, utc
 
@@ -67,11 +68,11 @@ class RunStarted(NamedTuple):
 
     @property
     def tick_at(self) -> datetime:
-        return _at(self.tick)
+        return as_datetime(self.tick)
 
     @property
     def started_at(self) -> datetime:
-        return _at(self.started)
+        return as_datetime(self.started)
 
 
 class RunFinished(NamedTuple):
@@ -91,11 +92,11 @@ class RunFinished(NamedTuple):
 
     @property
     def tick_at(self) -> datetime:
-        return _at(self.tick)
+        return as_datetime(self.tick)
 
     @property
     def started_at(self) -> datetime:
-        return _at(self.started)
+        return as_datetime(self.started)
 
 
 class TickSkipped(NamedTuple):
@@ -337,7 +338,3 @@ class Observers:
         if left:
             self.logger.warning("shutdown: %d observer event(s) not delivered in %gs", left, FLUSH)
             self._queue.clear()
-
-
-def _at(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_whole
 from .._clock import Clock
 from .._errors import ConfigurationError, JobNotFoundError, short
 from .._store import Capabilities, Instance, Store, missing
@@ -67,7 +68,7 @@ class Parts:
 
 def check_history(history: object) -> int:
     """``Scheduler(history=)``, checked."""
-    if not isinstance(history, int) or isinstance(history, bool) or not 0 <= history <= 10_000:
+    if not is_whole(history, 0, 10_000):
         raise ConfigurationError(
             f"Scheduler(history={short(history)}): the runs kept per job, a whole "
             "number from 0 to 10000"

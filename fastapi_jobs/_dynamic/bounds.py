@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeGuard
 
-from .._checks import seconds
+from .._checks import is_whole, seconds
 from .._errors import ConfigurationError
 from .._schedules import Schedule
 
@@ -56,7 +56,7 @@ class ScheduleBounds:
         shortest = seconds("shortest", self.shortest, context=said, allow_zero=True)
         longest = seconds("longest", self.longest, context=said, allow_zero=True)
         retries = self.most_retries
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        if not is_whole(retries, 0):
             raise ConfigurationError(
                 f"ScheduleBounds(most_retries={retries!r}): pass a whole number >= 0"
             )

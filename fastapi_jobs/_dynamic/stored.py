@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 from zoneinfo import ZoneInfo
 
-from .._checks import check_name, flag, seconds
+from .._checks import check_name, flag, is_whole, seconds
 from .._context import JobContext
 from .._errors import ConfigurationError, short
 from .._policies import OVERLAPS
@@ -241,7 +241,7 @@ def check_stored_options(name: str, options: Mapping[str, Any]) -> dict[str, Any
                 value = seconds(key, value, context=said, allow_zero=key == "retry_backoff")
         elif key in ("every_instance", "retry_timeouts", "paused"):
             value = flag(key, value, context=said)
-        elif key == "retries" and (not isinstance(value, int) or isinstance(value, bool)):
+        elif key == "retries" and not is_whole(value):
             raise ConfigurationError(f"{said}retries={short(value)}: pass a whole number")
         elif key == "overlap" and value not in OVERLAPS:
             raise ConfigurationError(

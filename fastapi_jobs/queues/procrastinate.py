@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .._checks import is_whole
 from .._distribution import missing_extra
 from .._errors import ConfigurationError, short
 from . import HandoffRequest, Outbox
@@ -95,11 +96,8 @@ class ProcrastinateTask:
                 f"ProcrastinateTask({name!r}, queue={short(queue)}): pass the name of a "
                 "queue a worker reads, or None for the task's"
             )
-        if priority is not None and (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -(2**31) <= priority < 2**31  # procrastinate_jobs.priority is an integer
-        ):
+        # procrastinate_jobs.priority is an integer (PostgreSQL's).
+        if priority is not None and not is_whole(priority, -(2**31), 2**31 - 1):
             raise ConfigurationError(
                 f"ProcrastinateTask({name!r}, priority={short(priority)}): pass an int "
                 "(higher runs first; PostgreSQL's integer range), or None for the task's"

@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import anyio.lowlevel
 
-from .._checks import seconds
-from .._clock import Clock, SystemClock
+from .._checks import is_whole, seconds
+from .._clock import Clock, SystemClock, as_datetime
 from .._errors import ConfigurationError, TickAheadError
 from .._results import Outcome
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
@@ -134,7 +134,7 @@ class MemoryStore:
                 f"{_SAID}timeout ({self.timeout:g}s) must be shorter than a third of the "
                 f"lease ({self.lease:g}s), so a renewal can fail and be retried in time"
             )
-        if not isinstance(history, int) or isinstance(history, bool) or history < 0:
+        if not is_whole(history, 0):
             raise ConfigurationError(f"{_SAID}history={history!r}: a whole number from 0")
         self.history = history
         self._instance: Instance | None = None
@@ -330,8 +330,8 @@ class MemoryStore:
                     id=id_,
                     hostname=seen.hostname,
                     pid=seen.pid,
-                    started_at=datetime.fromtimestamp(seen.started_at, UTC),
-                    seen_at=datetime.fromtimestamp(seen.seen_at, UTC),
+                    started_at=as_datetime(seen.started_at),
+                    seen_at=as_datetime(seen.seen_at),
                 )
                 for _, id_, seen in live
             ],
@@ -383,7 +383,7 @@ class MemoryStore:
 
 
 def _utc(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+    return None if ts is None else as_datetime(ts)
 
 
 def _record(run: _Run) -> RunRecord:

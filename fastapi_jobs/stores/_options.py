@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import NamedTuple
 
-from .._checks import flag, seconds
+from .._checks import flag, is_whole, seconds
 from .._errors import ConfigurationError
 from ._tables import check_prefix
 
@@ -54,11 +54,7 @@ def check_options(
             f"SQLAlchemyStore: timeout ({timeout_s:g}s) must be shorter than a third "
             f"of the lease ({lease_s:g}s), so a renewal can fail and be retried in time"
         )
-    if (
-        not isinstance(history, int)
-        or isinstance(history, bool)
-        or not 0 <= history <= _MAX_HISTORY
-    ):
+    if not is_whole(history, 0, _MAX_HISTORY):
         raise ConfigurationError(
             f"SQLAlchemyStore(): history={history!r}: the runs kept per job, a whole "
             f"number from 0 (no history) to {_MAX_HISTORY}"
