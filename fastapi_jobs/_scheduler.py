@@ -14,9 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from ._backfill.api import BackfillMethods
+from ._backfill.results import BackfillResult
+from ._backfill.runs import MAX_TICKS, Backfills, Progress
 from ._checks import flag, seconds
 from ._clock import Clock, OffsetClock, SystemClock
 from ._control import TriggeredRun
@@ -31,9 +32,9 @@ from ._core.pauses import Pauses
 from ._core.reader import Reader
 from ._core.runner import HISTORY, RunResult
 from ._core.seam import Seam
-from ._dynamic.api import ScheduleMethods
 from ._dynamic.book import ScheduleBook
 from ._dynamic.bounds import ScheduleBounds
+from ._dynamic.stored import ScheduleOptions, StoredSchedule
 from ._errors import ConfigurationError, short
 from ._job import Job, JobOptions, check_options
 from ._logging import LIBRARY
@@ -48,7 +49,7 @@ __all__ = ["AppLifespan", "Scheduler", "seam_of"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(ScheduleMethods, BackfillMethods):
+class Scheduler:
     """The registry of jobs, and the lifespan that runs them.
 
     Example:
@@ -128,9 +129,12 @@ class Scheduler(ScheduleMethods, BackfillMethods):
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
             if parts.capabilities.schedules is not None:
                 parts.heartbeat.also.append(("the stored schedules", self._book.sync))
-        self._reader = Reader(parts, self._life, pauses)
-        self._operator = Operator(parts, self._life, self._reader)
-        self._seam = Seam(parts, self._life, self._reader, self._operator, pauses, self._book)
+        # Every public call below takes one path: the seam, which the
+        # integrations use too, over the sides that do the work.
+        reader = Reader(parts, self._life, pauses)
+        operator = Operator(parts, self._life, reader)
+        backfills = Backfills(parts, self._life)
+        self._seam = Seam(parts, self._life, reader, operator, pauses, self._book, backfills)
         self._router: APIRouter | None = None
 
     @property
@@ -300,7 +304,7 @@ class Scheduler(ScheduleMethods, BackfillMethods):
         returned). A cancellation of the caller cancels the run (its status's
         last outcome is ``cancelled``; no history entry) and goes on up.
         """
-        return await self._operator.run_now(name, state)
+        return await self._seam.run_now(name, state)
 
     # -- operating --------------------------------------------------------
 
@@ -336,22 +340,142 @@ class Scheduler(ScheduleMethods, BackfillMethods):
     async def runs(self, name: str, *, limit: int = 20) -> list[RunRecord]:
         """The last ``limit`` runs of ``name``, newest first: with a store, of
         every instance (its claimed runs); else of this process (the last 50)."""
-        return await self._reader.runs(name, limit)
+        return await self._seam.runs(name, limit)
+
+    # -- schedules made at run time ----------------------------------------
+
+    @overload
+    def task(self, func: F, /) -> F: ...
+    @overload
+    def task(self, func: None = None, /, *, name: str | None = None) -> Callable[[F], F]: ...
+
+    def task(self, func: Any = None, /, *, name: str | None = None) -> Any:
+        """Register a function that schedules made at run time may name
+        (`add_schedule`), by its name or ``name``: ``@scheduler.task()``.
+
+        It takes the run's context first if it wants it (``ctx: JobContext``),
+        then the schedule's arguments by keyword: ``async def report(ctx:
+        JobContext, tenant: str) -> None``. Returned unchanged.
+        """
+        if func is not None:
+            self._book.add_task(func, name)
+            return func
+
+        def register(func: F) -> F:
+            self._book.add_task(func, name)
+            return func
+
+        return register
+
+    @property
+    def tasks(self) -> Mapping[str, Callable[..., Any]]:
+        """The functions schedules may name, by name."""
+        return {name: func for name, (func, _) in self._book.tasks.items()}
+
+    async def add_schedule(
+        self,
+        name: str,
+        task: str | Callable[..., Any],
+        schedule: Schedule,
+        *,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[ScheduleOptions],
+    ) -> StoredSchedule:
+        """Make a schedule at run time: ``task`` (a function registered with
+        `task`, or its name) runs on ``schedule`` (an `Every` or a `Cron` in a
+        named zone) with ``kwargs`` (JSON values the function takes), as a job
+        named ``name`` with the job's options (``timeout``, ``retries``,
+        ``retry_backoff``, ``retry_timeouts``, ``paused``, ``catch_up``,
+        ``every_instance``).
+
+        With a store it is kept in the store (the scheduler must be running):
+        every instance runs it from its next heartbeat on (this one at once),
+        each tick once across them, and it is back after a restart. Without
+        one it lives in this process.
+
+        Raises `ConfigurationError` for anything the schedule cannot be (the
+        task unknown, arguments it does not take or that are not JSON, a
+        duplicate name or a declared job's), `StoreError` when the store
+        could not make it (nothing changed), and `UnconfirmedError` when
+        the store did not answer in time (it may have been made).
+        """
+        return await self._seam.add_schedule(name, task, schedule, kwargs, options)
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        task: str | Callable[..., Any] | None = None,
+        schedule: Schedule | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[ScheduleOptions],
+    ) -> StoredSchedule:
+        """Change a schedule made at run time: what is given replaces what it
+        had (``kwargs`` as a whole; each option given, that option), the rest
+        stays. Once this returns, no instance claims a tick of it under the old
+        spec; a run going under it ends as it would have. Raises
+        `JobNotFoundError` for an unknown name, else as `add_schedule`."""
+        return await self._seam.update_schedule(
+            name, task=task, schedule=schedule, kwargs=kwargs, options=options
+        )
+
+    async def remove_schedule(self, name: str) -> None:
+        """Remove a schedule made at run time: once this returns, no instance
+        claims a tick of it; a run going ends as it would have. Raises
+        `JobNotFoundError` for an unknown name, else as `add_schedule`."""
+        await self._seam.remove_schedule(name)
+
+    async def schedules(self) -> list[StoredSchedule]:
+        """Every schedule made at run time, by name (with a store: as the store
+        has it now, including those this instance cannot run: ``known=False``)."""
+        return await self._seam.schedules()
+
+    # -- backfills ----------------------------------------------------------
+
+    async def backfill(
+        self,
+        name: str,
+        since: datetime,
+        until: datetime,
+        *,
+        max_ticks: int = MAX_TICKS,
+        progress: Progress | None = None,
+    ) -> BackfillResult:
+        """Run job ``name`` once for every tick of its schedule from ``since`` to
+        ``until`` (aware datetimes, both included, in the past), oldest first,
+        one at a time, in the running scheduler; return how each tick went.
+
+        Each run is the job's task's, as a trigger's is (``ctx.manual`` is
+        True, ``ctx.tick`` the backfilled tick): a live tick that comes during
+        it meets a run going (by default dropped as ``overlap``), and a live
+        run going is waited for before the next tick. With a store each tick
+        is claimed first: one that ran already (on any instance, as the
+        store's history says) is skipped, a lease held elsewhere is waited for
+        up to the store's lease, and two backfills of one range run each tick
+        once. Without one, nothing is shared between processes.
+
+        ``progress(number, count, tick)`` is told after each tick. Raises
+        `ConfigurationError` for a range without a time zone, reversed, in
+        the future or with more than ``max_ticks`` ticks, `JobNotFoundError`,
+        `NotRunningError`, and `JobRunningError` while a backfill of the job
+        goes.
+        """
+        return await self._seam.backfill(name, since, until, max_ticks, progress)
 
     # -- status -----------------------------------------------------------
 
     def status(self) -> list[JobStatus]:
         """A snapshot of every job's status in this process, in declaration order."""
-        return self._reader.status()
+        return self._seam.status()
 
     def job_status(self, name: str) -> JobStatus:
         """A snapshot of one job's status; `JobNotFoundError` if unknown."""
-        return self._reader.job_status(name)
+        return self._seam.job_status(name)
 
     async def cluster(self) -> ClusterView | None:
         """With a store: every job's last run across instances, and the instances
         seen recently. None without a store, or when the store is unreachable."""
-        return await self._reader.cluster()
+        return await self._seam.cluster()
 
     async def cluster_status(self) -> list[JobStatus]:
         """`status`, with each claimed job's cluster-wide last run filled in

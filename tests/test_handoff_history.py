@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from fastapi_jobs import JobContext, Scheduler
+from fastapi_jobs._scheduler import seam_of
 from fastapi_jobs.metrics import instrument
 from fastapi_jobs.queues import HandoffRequest, handoff_key
 
@@ -70,7 +71,7 @@ async def test_runs_in_the_store_show_the_queue_id(queue: Keyed | OwnIds, tmp_pa
             await (await scheduler.trigger("digest")).wait()
             await (await scheduler.trigger("plain")).wait()
             [run] = await scheduler.runs("digest")
-            recent = await scheduler._reader.recent_runs(["digest", "plain"], 5)
+            recent = await seam_of(scheduler).recent_runs(["digest", "plain"], 5)
     assert run.tick is not None
     expected = handoff_key("digest", run.tick) if isinstance(queue, Keyed) else "q-1"
     assert run.queue_id == expected

@@ -13,10 +13,9 @@ its tick (``Manual(past=True)``), which the history records.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -33,10 +32,7 @@ from .._status import ErrorInfo
 from .._store import Ended
 from .results import BackfillResult, BackfillTick
 
-if TYPE_CHECKING:
-    from .._core.seam import Seam
-
-__all__ = ["MAX_TICKS", "Backfills", "Progress", "backfills"]
+__all__ = ["MAX_TICKS", "Backfills", "Progress"]
 
 MAX_TICKS = 1000
 """The most ticks a backfill runs unless asked for more (``max_ticks``, ``--max``)."""
@@ -49,17 +45,6 @@ Progress = Callable[[int, int, BackfillTick], object]
 """Told after each tick: its number (from 1), the range's count, how it went."""
 
 _POLL = 0.2  # how often a backfill looks again at a lease held, or a run going
-_engines: weakref.WeakKeyDictionary[Seam, Backfills] = weakref.WeakKeyDictionary()
-
-
-def backfills(seam: Seam) -> Backfills:
-    """The backfills of the scheduler whose seam is ``seam`` (one object each:
-    `Scheduler.backfill` and the control router share it)."""
-    engine = _engines.get(seam)
-    if engine is None:
-        # The seam's parts: the backfills are a side of the scheduler, as its others.
-        engine = _engines[seam] = Backfills(seam._parts, seam._life)
-    return engine
 
 
 def _instant(what: str, value: object) -> float:

@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+from .._backfill.results import BackfillResult
+from .._backfill.runs import Backfills, Progress
 from .._control import TriggeredRun
 from .._dynamic.book import ScheduleBook
 from .._dynamic.stored import StoredSchedule
@@ -27,7 +29,7 @@ from .manual_runs import Operator
 from .parts import Parts
 from .pauses import Pauses
 from .reader import Reader
-from .runner import JobRunner
+from .runner import JobRunner, RunResult
 
 __all__ = ["Seam"]
 
@@ -43,7 +45,11 @@ class Seam:
         operator: Operator,
         pauses: Pauses,
         book: ScheduleBook,
+        backfills: Backfills,
     ) -> None:
+        self.backfills = backfills
+        """The scheduler's backfills (`Scheduler.backfill` and the control
+        router's endpoint share them)."""
         self._parts = parts
         self._life = life
         self._reader = reader
@@ -104,6 +110,12 @@ class Seam:
     def paused(self, name: str) -> bool | None:
         return self._pauses.paused(name)
 
+    def status(self) -> list[JobStatus]:
+        return self._reader.status()
+
+    def job_status(self, name: str) -> JobStatus:
+        return self._reader.job_status(name)
+
     # -- acting
 
     async def trigger(self, name: str, *, wait: bool = False) -> TriggeredRun:
@@ -121,6 +133,19 @@ class Seam:
     async def resume(self, name: str) -> PauseState:
         await self._book.learn(name)
         return await self._pauses.resume(name)
+
+    async def run_now(self, name: str, state: Mapping[str, Any] | None) -> RunResult:
+        return await self._operator.run_now(name, state)
+
+    async def backfill(
+        self,
+        name: str,
+        since: datetime,
+        until: datetime,
+        max_ticks: int,
+        progress: Progress | None,
+    ) -> BackfillResult:
+        return await self.backfills.run(name, since, until, max_ticks, progress)
 
     # -- schedules made at run time
 
@@ -141,20 +166,21 @@ class Seam:
     async def add_schedule(
         self,
         name: str,
-        task: str,
+        task: object,
         schedule: Schedule,
-        kwargs: Mapping[str, Any],
+        kwargs: object,
         options: Mapping[str, Any],
     ) -> StoredSchedule:
+        """The book checks what it is given (a task by name or function, kwargs)."""
         return await self._book.add(name, task, schedule, kwargs, options)
 
     async def update_schedule(
         self,
         name: str,
         *,
-        task: str | None,
+        task: object | None,
         schedule: Schedule | None,
-        kwargs: Mapping[str, Any] | None,
+        kwargs: object | None,
         options: Mapping[str, Any],
     ) -> StoredSchedule:
         return await self._book.update(

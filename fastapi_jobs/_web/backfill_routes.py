@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from .._backfill.runs import MAX_TICKS, backfills
+from .._backfill.runs import MAX_TICKS
 from .._errors import ConfigurationError, JobNotFoundError, JobRunningError, NotRunningError
 from .http import NOT_FOUND, fail, read_json
 
@@ -48,7 +48,7 @@ class BackfillAccepted(BaseModel):
 def add_backfill(router: APIRouter, seam: Seam) -> None:
     """The endpoint, on the control router; its backfills run in a service of
     the scheduler (started with it, stopped as it stops)."""
-    engine = backfills(seam)  # the scheduler's own (Scheduler.backfill)
+    engine = seam.backfills  # the scheduler's own (Scheduler.backfill)
     engine.serve_in(seam.add_service)
 
     @router.post(
