@@ -48,9 +48,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 POSTGRES_PARAMS = {"database_url": {"asyncpg", "psycopg"}, "cluster_url": {"postgresql"}}
 MARKED_BY = {
     "postgres": "postgres",  # a real PostgreSQL server
-    "stepped_postgres": "postgres",  # one whose clock the test steps (tests/test_clock_steps.py)
+    # A server whose clock the test steps (tests/core/test_clock_steps.py).
+    "stepped_postgres": "postgres",
     "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
-    "browser": "browser",  # headless Chromium (tests/test_page_browser.py)
+    "browser": "browser",  # headless Chromium (tests/web/test_page_browser.py)
     "redis": "redis",  # a real Redis server (tests/support/redis.py)
 }
 

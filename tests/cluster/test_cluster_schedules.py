@@ -1,0 +1,196 @@
+"""Schedules made at run time across real instances: three uvicorn processes on
+one PostgreSQL database, or on one SQLite file (tests/apps/schedules_app.py).
+
+A schedule made on one instance, changed on a second and removed on a third:
+each tick runs once across the three, every instance follows each change, no
+tick after a change's answer runs under the old spec, none after a removal's;
+after a restart of every instance the schedules are back; an instance whose
+code lacks the task leaves them alone. Real time, with intervals of a fraction
+of a second (processes share no virtual clock); the host's clock is the
+database's here, so the test compares ticks with the store's ``updated_at``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from ..support.cluster import App, rows, start
+from ..support.ticks import assert_none_left_out
+from ..support.waiting import wait_until
+
+APP = "tests.apps.schedules_app:app"
+HEARTBEAT = 0.3
+
+Run = tuple[str, str, float, int | None, str]
+"""A row of schedule_runs: job, tenant, tick, fence, instance."""
+
+
+def runs(url: str, job: str | None = None) -> list[Run]:
+    sql = "SELECT job, tenant, tick, fence, instance FROM schedule_runs"
+    return [r for r in rows(url, sql) if job is None or r[0] == job]
+
+
+def call(app: App, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return httpx.request(method, app.base_url + path, timeout=30, **kwargs)
+
+
+def status(app: App, job: str) -> dict[str, Any] | None:
+    """The job's status on ``app``, or None if that instance has no such job."""
+    response = call(app, "GET", f"/jobs/{job}")
+    if response.status_code == 404:
+        return None
+    assert response.status_code == 200, f"{response.text}\n{app.output()[-6000:]}"
+    found: dict[str, Any] = response.json()
+    return found
+
+
+def schedule_is(apps: Sequence[App], job: str, describe: str | None) -> bool:
+    """Every instance runs ``job`` on the schedule described so (None: has no such job)."""
+    for app in apps:
+        found = status(app, job)
+        if (None if found is None else found["schedule"]) != describe:
+            return False
+        if found is not None and found["task"] != "report":
+            return False
+    return True
+
+
+def updated_at(url: str, name: str) -> float:
+    """When the store's row of ``name`` last changed, on the database's clock."""
+    ((at,),) = rows(url, "SELECT updated_at FROM fastapi_jobs_schedules WHERE name = :n", n=name)
+    return float(at)
+
+
+def assert_every_tick(
+    url: str, apps: Sequence[App], job: str, ticks: Sequence[float], every: float
+) -> None:
+    """Each of ``ticks`` on ``every``'s grid, and every tick of the grid between the
+    first and the last among them run, or accounted for: dropped while the run
+    before still held the claim, or claimed by an instance as it stopped."""
+    assert ticks, f"{job}: no ticks"
+    off = [tick for tick in ticks if abs(tick / every - round(tick / every)) >= 1e-6]
+    assert not off, f"{job}: ticks off the grid of {every}s: {off}"
+    assert_none_left_out(url, job, list(ticks), every, apps)
+
+
+def assert_no_tick_twice(url: str) -> None:
+    twice = {k: n for k, n in Counter((r[0], r[2]) for r in runs(url)).items() if n > 1}
+    assert not twice, f"ticks run more than once: {twice}"
+
+
+def tried_every_tick(app: App, job: str) -> bool:
+    """The instance went for the job's ticks: ran some, or found them claimed elsewhere."""
+    found = status(app, job)
+    return found is not None and found["runs"] + found["skipped"].get("claimed_elsewhere", 0) > 0
+
+
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
+def test_a_schedule_made_changed_and_removed_on_three_instances_runs_each_tick_once(
+    cluster_url: str, apps: list[App]
+) -> None:
+    """Made on A, it runs once per tick across the three; changed on B (interval and
+    kwargs), every instance follows and no tick after the answer runs under the old
+    spec; removed on C, no tick after the answer runs; every instance restarted, the
+    schedule left is back and runs on."""
+    url = cluster_url
+    apps.extend(start(url, 3, app=APP, HEARTBEAT=HEARTBEAT))
+    a, b, c = apps
+    for name, tenant in (("report", "acme"), ("keep", "kept")):
+        made = call(
+            a,
+            "POST",
+            "/test/schedules",
+            json={"name": name, "every": 0.5, "kwargs": {"tenant": tenant}},
+        )
+        assert made.status_code == 200, made.text
+    wait_until(lambda: schedule_is(apps, "report", "every 0.5s"), timeout=15)
+    wait_until(lambda: len(runs(url, "report")) >= 6, timeout=20)
+
+    changed = call(
+        b, "PATCH", "/test/schedules/report", json={"every": 0.3, "kwargs": {"tenant": "globex"}}
+    )
+    assert changed.status_code == 200, changed.text
+    changed_at = datetime.fromisoformat(changed.json()["updated_at"]).timestamp()
+    wait_until(lambda: schedule_is(apps, "report", "every 0.3s"), timeout=15)
+    wait_until(lambda: sum(r[1] == "globex" for r in runs(url, "report")) >= 6, timeout=20)
+
+    removed = call(c, "DELETE", "/test/schedules/report")
+    assert removed.status_code == 200, removed.text
+    removed_at = updated_at(url, "report")
+    wait_until(lambda: schedule_is(apps, "report", None), timeout=15)
+    # A run of a tick claimed before the removal would show by the time the
+    # schedule left has run a few more.
+    kept = len(runs(url, "keep"))
+    wait_until(lambda: len(runs(url, "keep")) >= kept + 4, timeout=20)
+    assert all(tried_every_tick(app, "keep") for app in apps)
+
+    stopping = time.time()
+    for app in apps:
+        app.terminate()
+    apps.extend(start(url, 3, app=APP, HEARTBEAT=HEARTBEAT))
+    started = time.time()
+    again = apps[3:]
+    wait_until(lambda: schedule_is(again, "keep", "every 0.5s"), timeout=15)
+    assert schedule_is(again, "report", None)
+    wait_until(lambda: sum(r[2] > started for r in runs(url, "keep")) >= 4, timeout=20)
+    for app in again:
+        app.terminate()
+
+    assert_no_tick_twice(url)
+    report = runs(url, "report")
+    old = [tick for _, tenant, tick, *_ in report if tenant == "acme"]
+    new = [tick for _, tenant, tick, *_ in report if tenant == "globex"]
+    assert len(old) + len(new) == len(report)
+    assert_every_tick(url, apps, "report", old, 0.5)
+    assert max(old) <= changed_at, (sorted(old), changed_at)  # none under the old spec after
+    assert_every_tick(url, apps, "report", new, 0.3)
+    assert max(new) <= removed_at, (sorted(new), removed_at)  # none after the removal
+    keep = [tick for _, _, tick, *_ in runs(url, "keep")]
+    assert_every_tick(url, apps, "keep", [t for t in keep if t <= stopping], 0.5)
+    assert_every_tick(url, apps, "keep", [t for t in keep if t > started], 0.5)
+
+
+@pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
+def test_an_instance_without_the_task_leaves_the_schedules_alone(
+    cluster_url: str, apps: list[App]
+) -> None:
+    """An instance of a release that lacks the task does not run its schedule nor
+    delete it, and says so once in its log; the two that have the task run each
+    tick once."""
+    url = cluster_url
+    apps.extend(start(url, 2, app=APP, HEARTBEAT=HEARTBEAT))
+    apps.extend(start(url, 1, app=APP, HEARTBEAT=HEARTBEAT, NO_TASK=1))
+    a, b, older = apps
+    ids = {call(app, "GET", "/test/instance").json() for app in (a, b)}
+    made = call(
+        a,
+        "POST",
+        "/test/schedules",
+        json={"name": "report", "every": 0.5, "kwargs": {"tenant": "acme"}},
+    )
+    assert made.status_code == 200, made.text
+    said = "schedule 'report' is left alone here"
+    wait_until(lambda: said in older.output(), timeout=15)
+    # Many heartbeats of the older instance later, while the others run it:
+    wait_until(lambda: len(runs(url, "report")) >= 10, timeout=20)
+    assert older.output().count(said) == 1, older.output()
+    assert "which this instance lacks" in older.output()
+    assert status(older, "report") is None
+    listed = call(older, "GET", "/test/schedules").json()
+    assert [(s["name"], s["known"]) for s in listed] == [("report", False)]
+    left = rows(url, "SELECT removed FROM fastapi_jobs_schedules WHERE name = 'report'")
+    assert [bool(removed) for (removed,) in left] == [False]  # the row is there, live
+    assert all(tried_every_tick(app, "report") for app in (a, b))
+    for app in apps:
+        app.terminate()
+    report = runs(url, "report")
+    assert {instance for *_, instance in report} <= ids
+    assert_no_tick_twice(url)
+    assert_every_tick(url, apps, "report", [tick for _, _, tick, *_ in report], 0.5)

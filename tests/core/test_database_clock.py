@@ -1,0 +1,53 @@
+"""The database's clock as the scheduler follows it: the offset estimate from
+each heartbeat, and a slow first beat that must not make the first ticks early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fastapi_jobs._core.heartbeat import OffsetEstimate
+from fastapi_jobs.stores import SQLAlchemyStore
+
+from ..support.instances import engine_for, first_runs
+
+
+def test_the_clock_offset_keeps_to_the_quickest_recent_beat() -> None:
+    """Each beat bounds the database's offset by its round trip; a slow beat whose
+    database read its clock late (after a lock wait) does not drag the estimate off,
+    a clock stepped by 3 s is followed at once, and so is an hour's drift."""
+    estimate = OffsetEstimate()
+    assert estimate.add(0.0, 100.0005, 0.001) == pytest.approx(100.0, abs=0.002)
+    # 100 ms round trip; the database read its clock 90 ms in (its midpoint: +40 ms).
+    assert estimate.add(1.0, 101.09, 1.1) == pytest.approx(100.0, abs=0.002)
+    # The local clock stepped back 3 s: the bounds no longer meet.
+    assert estimate.add(-1.0, 101.0005, -0.999) == pytest.approx(102.0, abs=0.002)
+    # An hour on, the clocks drifted 0.1 s apart (28 ppm): the widened bounds meet it.
+    assert estimate.add(3599.0, 3701.1005, 3599.001) == pytest.approx(102.1, abs=0.002)
+
+
+class SlowFirstBeat(SQLAlchemyStore):
+    """A store whose first heartbeat waits 0.3 s before the database reads its
+    clock, as a first connection (or a lock) makes it do."""
+
+    slow = True
+
+    async def beat(self) -> float:
+        if self.slow:
+            self.slow = False
+            await anyio.sleep(0.3)
+        return await super().beat()
+
+
+async def test_a_slow_first_beat_does_not_make_the_first_ticks_early(tmp_path: Path) -> None:
+    """The first beat's round trip is 0.3 s, all of it before the database read its
+    clock: its middle would put the clock 0.15 s ahead until the next beat (a
+    minute away). A second beat at start keeps the first ticks on time."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    async with engine_for(url) as engine:
+        store = SlowFirstBeat(lambda state: state["db"], heartbeat=60)
+        runs, _ = await first_runs(engine, store, 3, 0.1)
+    late = [started - tick for tick, started in runs]  # each run's start, after its tick
+    assert min(late) > -0.01, late

@@ -1,0 +1,405 @@
+"""Claims of an instant for a set of jobs: the jobs due together on every
+instance are claimed by the instance that claims their instant first; the
+others send no claim of theirs. The store's calls on every backend, then
+schedulers sharing a database."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from fastapi_jobs import Every, JobContext, Scheduler, TickAheadError
+from fastapi_jobs._core.claims import Claims
+from fastapi_jobs._core.dispatcher import GROUP_FROM
+from fastapi_jobs._store import Ended
+from fastapi_jobs.observers import TickSkipped
+from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.testing import MemoryStore
+
+from ..conftest import open_store
+from ..support.instances import Seeing, engine_for, instance
+from ..support.postgres import PostgresServer
+
+JOBS = [f"job{i}" for i in range(GROUP_FROM + 2)]
+KEY = "k" * 32
+
+
+async def release_all(store: SQLAlchemyStore, fences: Mapping[str, int | Exception]) -> None:
+    ended = [Ended(job, f, "ok", None, 0.0) for job, f in fences.items() if isinstance(f, int)]
+    assert len(ended) == len(fences)
+    assert not await store.release(ended)
+
+
+def claims_sent(listen: Callable[[Callable[..., None]], None]) -> Counter[str]:
+    """The claim statements sent from now on, by the table they claim in."""
+    sent: Counter[str] = Counter()
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        for table in ("fastapi_jobs_claims", "fastapi_jobs_instants"):
+            if f"INSERT INTO {table}" in statement:
+                sent[table] += 1
+
+    listen(count)
+    return sent
+
+
+async def test_the_first_to_claim_an_instant_claims_its_set_and_the_others_send_nothing(
+    database_url: str, on_statement: Callable[[Callable[..., None]], None]
+) -> None:
+    engine = create_async_engine(database_url)
+    sent = claims_sent(on_statement)
+    tick = time.time() - 1
+    wanted = [(job, tick) for job in JOBS]
+    try:
+        async with open_store(engine) as a, open_store(engine) as b:
+            first = await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))
+            assert sorted(first) == JOBS
+            assert sent == {"fastapi_jobs_instants": 1, "fastapi_jobs_claims": 1}
+            # The same instant of the same set: nothing claimed, no claim sent.
+            assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
+            assert sent == {"fastapi_jobs_instants": 2, "fastapi_jobs_claims": 1}
+            # An older instant neither.
+            older = [(job, tick - 1) for job in JOBS]
+            assert await b.claim(older, instant=(KEY, tick - 1, frozenset(JOBS))) == {}
+            await release_all(a, first)
+            # The set's next instant goes to whoever claims it first: b, now.
+            later = [(job, tick + 0.5) for job in JOBS]
+            assert sorted(await b.claim(later, instant=(KEY, tick + 0.5, frozenset(JOBS)))) == JOBS
+            assert await a.claim(later, instant=(KEY, tick + 0.5, frozenset(JOBS))) == {}
+            async with engine.connect() as conn:
+                c, i = a.tables.claims, a.tables.instants
+                owners = set((await conn.execute(sa.select(c.c.owner))).scalars())
+                row = (await conn.execute(sa.select(i.c.key, i.c.instant, i.c.owner))).one()
+    finally:
+        await engine.dispose()
+    assert owners == {b._owner}
+    assert tuple(row) == (KEY, tick + 0.5, b._owner)
+
+
+async def test_an_instant_decides_nothing_the_jobs_own_claims_do(database_url: str) -> None:
+    """Two instances whose sets differ (a deploy adds a job) both claim their
+    instant: each job's own claim still makes its tick run once, and a job
+    outside the set is claimed whatever became of the instant."""
+    engine = create_async_engine(database_url)
+    tick = time.time() - 1
+    try:
+        async with open_store(engine) as old, open_store(engine) as new:
+            made = await old.claim([(j, tick) for j in JOBS], instant=(KEY, tick, frozenset(JOBS)))
+            assert sorted(made) == JOBS
+            await release_all(old, made)
+            # Another set (another key) at the same instant: its instant is claimed,
+            # its jobs' ticks are not (they were), the new job's is.
+            wanted = [(j, tick) for j in [*JOBS, "added"]]
+            assert list(await new.claim(wanted, instant=("n" * 32, tick, frozenset(JOBS)))) == [
+                "added"
+            ]
+            await new.release([Ended("added", 1, "ok", None, 0.0)])
+            # The set's next instant: old claims it (and a job outside the set,
+            # a hand-off, say); new loses it, but claims its job outside the set.
+            later = [(j, tick + 0.5) for j in [*JOBS, "handoff"]]
+            got = await old.claim(later, instant=(KEY, tick + 0.5, frozenset(JOBS)))
+            assert sorted(got) == sorted([*JOBS, "handoff"])
+            wanted = [(j, tick + 0.5) for j in [*JOBS, "added"]]
+            got = await new.claim(wanted, instant=(KEY, tick + 0.5, frozenset(JOBS)))
+            assert got == {"added": 2}
+    finally:
+        await engine.dispose()
+
+
+async def test_an_instant_ahead_of_the_database_clock_is_not_claimed(database_url: str) -> None:
+    """A host whose clock jumped ahead cannot take a set's next instants from
+    the others: its instant is refused as its claims would be, each job's answer
+    saying why (the tick is ahead of the database's clock)."""
+    engine = create_async_engine(database_url)
+    now = time.time()
+    try:
+        async with open_store(engine) as ahead, open_store(engine) as on_time:
+            future = [(j, now + 3600) for j in JOBS]
+            refused = await ahead.claim(future, instant=(KEY, now + 3600, frozenset(JOBS)))
+            assert sorted(refused) == JOBS
+            assert all(isinstance(why, TickAheadError) for why in refused.values())
+            wanted = [(j, now - 1) for j in JOBS]
+            assert sorted(await on_time.claim(wanted, instant=(KEY, now - 1, frozenset(JOBS)))) == (
+                JOBS
+            )
+    finally:
+        await engine.dispose()
+
+
+async def test_a_store_made_before_the_instants_sends_every_claim(database_url: str) -> None:
+    """``create_tables=False`` on the tables of a release before the instants:
+    every claim is sent (and decides, as before)."""
+    engine = create_async_engine(database_url)
+    try:
+        name = await instants_replaced(engine)
+        await claims_as_before(engine)
+        async with engine.connect() as conn:
+            names = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
+    finally:
+        await engine.dispose()
+    assert name not in names
+
+
+async def instants_replaced(engine: Any, made_as: str | None = None) -> str:
+    """The store's tables made, then its instants table dropped (and made again
+    as ``made_as``, a column list, if given): a migration's. Its name."""
+    async with open_store(engine) as made:
+        name = made.tables.instants.name
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"DROP TABLE {name}")
+        if made_as is not None:
+            await conn.exec_driver_sql(f"CREATE TABLE {name} ({made_as})")
+    return name
+
+
+async def claims_as_before(engine: Any) -> None:
+    """Two stores with ``create_tables=False`` claim an instant's jobs: every
+    claim is sent and the jobs' rows decide, as before the instants."""
+    tick = time.time() - 1
+    wanted = [(j, tick) for j in JOBS]
+    async with (
+        open_store(engine, create_tables=False) as a,
+        open_store(engine, create_tables=False) as b,
+    ):
+        assert sorted(await a.claim(wanted, instant=(KEY, tick, frozenset(JOBS)))) == JOBS
+        assert await b.claim(wanted, instant=(KEY, tick, frozenset(JOBS))) == {}
+        await a.prune()  # nothing to prune in the instants: no error either
+
+
+def test_a_set_is_named_by_its_jobs_and_the_versions_of_its_stored_schedules() -> None:
+    claims = Claims(SQLAlchemyStore("sqlite+aiosqlite:///unused.sqlite3"), logging.getLogger("t"))
+    first = claims.instant(["b", "a", "c"], 10.0, ["a"])
+    assert first is not None
+    key, at, jobs = first
+    assert (at, jobs) == (10.0, frozenset({"a"}))
+    assert len(key) == 32 and key == claims.instant(["c", "a", "b"], 11.0, ["b"])[0]  # type: ignore[index]
+    assert key != claims.instant(["a", "b"], 10.0, ["a"])[0]  # type: ignore[index]
+    # Names that would join alike are told apart.
+    assert claims.instant(["a,b"], 1.0, ["a,b"]) != claims.instant(["a", "b"], 1.0, ["a"])
+    claims.versions = {"a": 7}
+    assert claims.instant(["a", "b", "c"], 10.0, ["a"])[0] != key  # type: ignore[index]
+    assert claims.instant(["a", "b", "c"], 10.0, []) is None
+    # A store of one's own without instant claims: every claim goes.
+    own = Claims(MemoryStore(), logging.getLogger("t"))
+    assert own.instant(["a", "b", "c"], 10.0, ["a"]) is None
+
+
+INTERVAL = 0.2
+
+
+def ticking_many(
+    engine: Any,
+    ran: list[tuple[str, float]],
+    names: list[str],
+    seen: list[TickSkipped],
+    **store_options: object,
+) -> Scheduler:
+    scheduler = instance(engine, **store_options)
+    scheduler.add_observer(Seeing(seen))
+    for name in names:
+
+        async def job(ctx: JobContext) -> None:
+            ran.append((ctx.name, ctx.tick.timestamp()))
+
+        scheduler.add_job(job, Every(seconds=INTERVAL), name=name)
+    return scheduler
+
+
+def assert_accounted(
+    ran: list[tuple[str, float]], seen: list[TickSkipped], jobs: list[str]
+) -> None:
+    """No (job, tick) ran twice; and every tick between the first and the last run
+    of each job ran once, or an instance said why it did not run it (a tick it was
+    late for, a store it could not reach): none is lost to the instants."""
+    counts = Counter(ran)
+    assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1]
+    said = {
+        (event.job, round(event.tick + k * INTERVAL, 3))
+        for event in seen
+        if event.tick is not None and event.reason != "claimed_elsewhere"
+        for k in range(event.ticks)
+    }
+    for job in jobs:
+        ticks = sorted(tick for name, tick in ran if name == job)
+        assert len(ticks) >= 6, (job, ticks)
+        due = Every(seconds=INTERVAL).ticks_between(ticks[0], ticks[-1])[0]
+        between = [round(ticks[0] + k * INTERVAL, 3) for k in range(1, due)]
+        left_out = [t for t in between if not any(abs(t - r) < 1e-3 for r in ticks)]
+        assert all((job, t) in said for t in left_out), (job, left_out, seen)
+
+
+async def test_instances_with_the_same_jobs_send_one_instants_claims(
+    cluster_url: str, on_statement: Callable[[Callable[..., None]], None]
+) -> None:
+    """Two instances with the same jobs: every tick runs once, and each instant's
+    claims are sent by one of them (a claim statement per instant, not two)."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    async with engine_for(cluster_url) as engine:
+        a, b = ticking_many(engine, ran, JOBS, seen), ticking_many(engine, ran, JOBS, seen)
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await anyio.sleep(0.5)  # both running, their first instants claimed
+            sent = claims_sent(on_statement)
+            await anyio.sleep(2.0)
+            window = Counter(sent)
+    assert_accounted(ran, seen, JOBS)
+    instants = window["fastapi_jobs_instants"]
+    assert instants >= 2 * 6, window  # both claim each instant (10 in the window)
+    # One claim per instant (the window's edges may cut an instant's statements
+    # in two: one more); an instance that wakes late for an instant (its loop
+    # stalled past the next tick) claims the latest tick job by job.
+    late = len({(e.instance, e.tick) for e in seen if e.reason == "missed"})
+    assert window["fastapi_jobs_claims"] <= (instants + 1) // 2 + 1 + late, (window, late)
+    lost = [e for e in seen if e.reason == "claimed_elsewhere"]
+    assert len({(e.instance, e.tick) for e in lost}) >= 6, lost
+
+
+async def test_instances_whose_jobs_differ_each_run_their_own(cluster_url: str) -> None:
+    """A deploy in progress: one instance has a job more. The sets differ, so
+    both instances claim every instant, and each tick of each job still runs once."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    async with engine_for(cluster_url) as engine:
+        old = ticking_many(engine, ran, JOBS, seen)
+        new = ticking_many(engine, ran, [*JOBS, "added"], seen)
+        async with old.running({"db": engine}), new.running({"db": engine}):
+            await anyio.sleep(2.0)
+    assert_accounted(ran, seen, [*JOBS, "added"])
+
+
+class LateReleases(SQLAlchemyStore):
+    """A store whose releases fail while ``failing`` (a connection lost, say),
+    and whose claims that carry releases reach the database a moment late: the
+    instance whose releases did not land is the slower to claim the next instant."""
+
+    failing: ClassVar[list[bool]] = []  # shared by the instances of a test
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        if self.failing:
+            raise ConnectionError("the release was lost")
+        return await super().release(ended)
+
+    async def release_then_claim(
+        self, ended: Sequence[Ended], wanted: Sequence[tuple[str, float]], **given: Any
+    ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
+        await anyio.sleep(0.03)
+        return await super().release_then_claim(ended, wanted, **given)
+
+
+async def test_a_release_that_did_not_land_costs_no_tick(cluster_url: str) -> None:
+    """The instance that ran a set's tick and could not release it claims the
+    set's next tick job by job, after its releases: the other instance, claiming
+    the instant first, finds those jobs' leases still held; skipping them as the
+    loser of the instant would lose the tick (the newcomer's finding)."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    LateReleases.failing = []
+    async with engine_for(cluster_url) as engine:
+        instances = []
+        for _ in range(2):
+            scheduler = Scheduler(store=LateReleases(lambda state: state["db"]), shutdown_timeout=5)
+            scheduler.add_observer(Seeing(seen))
+            for name in JOBS:
+
+                async def job(ctx: JobContext) -> None:
+                    ran.append((ctx.name, ctx.tick.timestamp()))
+
+                scheduler.add_job(job, Every(seconds=INTERVAL), name=name)
+            instances.append(scheduler)
+        a, b = instances
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await anyio.sleep(0.5)
+            for _ in range(3):  # a release lost, then the tick after it
+                LateReleases.failing.append(True)
+                await anyio.sleep(INTERVAL)
+                LateReleases.failing.clear()
+                await anyio.sleep(2 * INTERVAL)
+            await anyio.sleep(0.3)
+    assert_accounted(ran, seen, JOBS)
+
+
+async def test_a_resume_made_elsewhere_is_run_by_whoever_heard_of_it(cluster_url: str) -> None:
+    """Paused here, a job is out of this instance's set: an instance that has
+    heard of a resume made elsewhere (its heartbeat is a minute away here) has
+    another set, and claims the job itself; it loses no tick to an instance
+    that still thinks it paused."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []  # b's
+    async with engine_for(cluster_url) as engine:
+        a = ticking_many(engine, ran, JOBS, [], heartbeat=60)
+        b = ticking_many(engine, ran, JOBS, seen, heartbeat=60)
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await a.pause(JOBS[3])
+            await b.resume(JOBS[3])  # a hears of it in a minute
+            resumed = time.time()
+            await anyio.sleep(1.5)
+    assert a.job_status(JOBS[3]).paused and not b.job_status(JOBS[3]).paused
+    # A tick b said it skipped (its store busy, itself late: a slow machine) is
+    # not lost to the sets; "claimed elsewhere" would be (a does not claim it),
+    # and "paused" after the resume a resume not heard of.
+    said = {
+        round(event.tick + k * INTERVAL, 3)
+        for event in seen
+        if event.job == JOBS[3] and event.tick is not None
+        if event.reason not in ("claimed_elsewhere", "paused")
+        for k in range(event.ticks)
+    }
+    after = sorted({tick for name, tick in ran if tick > resumed + INTERVAL})[:-1]
+    ran_here = {round(tick, 3) for name, tick in ran if name == JOBS[3]}
+    lost = [tick for tick in after if round(tick, 3) not in ran_here | said]
+    assert not lost, (lost, sorted(ran_here), seen)
+    assert ran_here.intersection(round(t, 3) for t in after), (sorted(ran_here), seen)
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_kept_connection_closed_by_the_server_costs_no_tick(
+    postgres: PostgresServer, driver: str
+) -> None:
+    """The database ended the store's kept connection (a restart, a failover, a
+    DBA): the next claim takes another one, as the pool's own pre-ping would.
+    asyncpg knows at once; psycopg learns by a ping, with pool_pre_ping=True."""
+    url = postgres.url(postgres.create_database(), driver=driver)
+    engine = create_async_engine(url, pool_pre_ping=driver == "psycopg")
+    other = create_async_engine(url)
+    try:
+        async with open_store(engine) as store:
+            assert await store.claim([("digest", 1.0)]) == {"digest": 1}
+            assert store._operations._kept is not None
+            async with other.connect() as conn:
+                ended = await conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                assert ended.all()
+            await anyio.sleep(0.3)
+            await release_all(store, {"digest": 1})
+            assert await store.claim([("digest", 2.0)]) == {"digest": 2}
+    finally:
+        await other.dispose()
+        await engine.dispose()
+
+
+async def test_an_instants_table_made_wrong_is_not_used(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``create_tables=False`` and an instants table a migration made without a
+    column: claims go on as without the table (it only saves work), and the
+    store says why it does not use it."""
+    engine = create_async_engine(database_url)
+    try:
+        name = await instants_replaced(engine, made_as="key VARCHAR(64) PRIMARY KEY")
+        with caplog.at_level(logging.WARNING, logger="fastapi_jobs.stores"):
+            await claims_as_before(engine)
+    finally:
+        await engine.dispose()
+    assert f"table {name} lacks column(s) instant, owner, claimed_at" in caplog.text

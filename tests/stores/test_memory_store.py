@@ -1,0 +1,316 @@
+"""``fastapi_jobs.testing.MemoryStore``: the SQL store's rules in memory, on a
+clock of the test's, so that instances sharing a store run in virtual time.
+
+The store's rules row by row (as tests/stores/test_store.py pins them on SQLite and
+PostgreSQL), then whole schedulers in virtual time: a virtual day of ticks
+across instances, pauses, leases renewed past their length, a take-over."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from itertools import pairwise
+
+import anyio
+import pytest
+
+from fastapi_jobs import ConfigurationError, JobContext, Scheduler, TickAheadError
+from fastapi_jobs.stores import Ended, Instance, Store
+from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
+
+START = datetime(2026, 3, 2, tzinfo=UTC)
+T0 = START.timestamp()
+
+
+class Fixed:
+    """A database clock the test sets."""
+
+    def __init__(self) -> None:
+        self.at = T0
+
+    def now(self) -> float:
+        return self.at
+
+    async def sleep_until(self, ts: float) -> None:  # pragma: no cover - never slept on
+        raise AssertionError("the store never sleeps")
+
+
+async def opened(database: MemoryDatabase, **options: float) -> MemoryStore:
+    store = MemoryStore(database, **options)  # type: ignore[arg-type]
+    await store.open({}, Instance())
+    return store
+
+
+async def test_it_is_a_store() -> None:
+    assert isinstance(MemoryStore(), Store)
+
+
+async def test_a_tick_is_claimed_once_and_only_after_the_last() -> None:
+    """One claim per tick across instances; an older tick is never claimed after
+    a newer one; a released job's next tick is claimed by whoever asks first."""
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    a, b = await opened(database), await opened(database)
+    assert await a.claim([("job", T0)]) == {"job": 1}
+    assert await b.claim([("job", T0)]) == {}  # same tick: held, and not newer
+    await a.release([Ended("job", 1, "ok", None, 0.1)])
+    assert await b.claim([("job", T0 - 1)]) == {}  # older: never again
+    assert await b.claim([("job", T0)]) == {}  # the same tick, released: never again
+    assert await b.claim([("job", T0 + 0.5)]) == {"job": 2}
+    assert await a.last_tick("job") == T0 + 0.5
+    assert await a.renew("job", 1) is False  # not ours any more
+    assert await b.renew("job", 2) is True
+
+
+async def test_a_lease_held_blocks_the_next_tick_until_it_ends() -> None:
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    a, b = await opened(database, lease=30), await opened(database, lease=30)
+    assert await a.claim([("job", T0)]) == {"job": 1}
+    clock.at += 10
+    assert await b.claim([("job", T0 + 10)]) == {}  # a's run goes on
+    clock.at += 21  # a's lease is over (it died)
+    assert await b.claim([("job", T0 + 31)]) == {"job": 2}
+    # A's late release changes nothing: the claim is b's now.
+    assert await a.release([Ended("job", 1, "ok", None, 31.0)]) == {}
+    assert (await a.read()).jobs["job"].running_on == b._owner
+
+
+async def test_a_tick_ahead_of_the_database_clock_says_so() -> None:
+    clock = Fixed()
+    a = await opened(MemoryDatabase(clock))
+    refused = (await a.claim([("job", T0 + 30)]))["job"]
+    assert isinstance(refused, TickAheadError)
+    assert (refused.tick, refused.db_time) == (T0 + 30, T0)
+    assert await a.claim([("job", T0 + 0.9)]) == {"job": 1}  # within the margin
+
+
+async def test_pauses_hold_for_every_instance_but_not_for_a_run_by_hand() -> None:
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    a, b = await opened(database), await opened(database)
+    first = await a.pause("job", None)
+    assert await b.claim([("job", T0)]) == {}
+    assert await b.claim([("job", T0)], manual=True) == {"job": 1}
+    await b.release([Ended("job", 1, "ok", None, 0.1, manual=True)])
+    second = await b.resume("job")
+    assert second > first
+    assert (await a.pauses())["job"] == (0.0, second)
+    timed = await a.pause("job", T0 + 60)
+    assert await b.claim([("job", T0 + 1)]) == {}
+    clock.at += 61
+    assert await b.claim([("job", T0 + 61)]) == {"job": 2}
+    assert (await a.read()).pause_versions == {"job": timed}
+
+
+async def test_a_replace_claim_takes_over_and_records_the_run_it_cancels() -> None:
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    a, b = await opened(database), await opened(database)
+    assert await a.claim([("job", T0)]) == {"job": 1}
+    clock.at += 5
+    assert await b.claim([("job", T0 + 5)], replace=["job"]) == {"job": 2}
+    [cancelled] = await a.runs("job", 10)
+    assert cancelled.outcome == "cancelled" and cancelled.fence == 1
+    assert cancelled.error is not None and b._owner in cancelled.error.message
+    assert await a.renew("job", 1) is False  # its run is cancelled by the keeper
+
+
+async def test_a_hand_off_row_never_released_is_only_reclaimed_for_its_tick() -> None:
+    """A hand-off's claimer died holding tick T0: a claim of a later tick does not
+    take the row, even with the lease over; a re-claim of T0 does."""
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    dead, peer = await opened(database, lease=3, timeout=0.5), await opened(database)
+    assert await dead.claim([("job", T0)], handoffs=["job"]) == {"job": 1}
+    clock.at += 5
+    assert await peer.claim([("job", T0 + 5)], handoffs=["job"]) == {}
+    assert await peer.reclaim([("job", T0 + 5)]) == {"job": (T0, -2.0)}  # not its tick
+    assert await peer.reclaim([("job", T0)]) == {"job": 2}
+    assert await peer.reclaim([("other", T0)]) == {}  # never claimed
+    await peer.release([Ended("job", 2, "ok", None, 0.1)])
+    assert await peer.claim([("job", T0 + 5)], handoffs=["job"]) == {"job": 3}
+
+
+async def test_the_history_is_newest_first_and_pruned_to_its_length() -> None:
+    clock = Fixed()
+    a = await opened(MemoryDatabase(clock))
+    a.history = 3
+    for n in range(5):
+        clock.at = T0 + n
+        assert await a.claim([("job", T0 + n)]) == {"job": n + 1}
+        await a.release([Ended("job", n + 1, "failed" if n == 4 else "ok", None, 0.1)])
+    assert [run.fence for run in await a.runs("job", 2)] == [5, 4]
+    await a.prune()
+    assert [run.fence for run in (await a.recent_runs(["job", "none"], 10))["job"]] == [5, 4, 3]
+    view = (await a.read()).jobs["job"]
+    assert view.last_outcome == "failed"
+    assert view.last_success_at == datetime.fromtimestamp(T0 + 3, UTC)
+    # A claim whose run never started is only freed: the last run stays.
+    assert await a.claim([("job", T0 + 5)]) == {"job": 6}
+    await a.release([Ended("job", 6, None, None, 0.0)])
+    assert (await a.read()).jobs["job"].last_outcome == "failed"
+
+
+async def test_instances_are_seen_while_they_beat() -> None:
+    clock = Fixed()
+    database = MemoryDatabase(clock)
+    a, b = await opened(database, heartbeat=10), await opened(database, heartbeat=10)
+    assert await a.beat() == T0
+    await b.beat()
+    assert len((await a.read()).instances) == 2
+    clock.at += 31  # b missed three beats
+    await a.beat()
+    assert [seen.id for seen in (await a.read()).instances] == [a._owner]
+    await a.close()
+    assert (await b.read()).instances == []
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"lease": 0}, "lease=0"),
+        ({"timeout": 20}, "shorter than a third of the lease"),
+        ({"history": -1}, "history=-1"),
+        ({"database": "sqlite://"}, "must be a MemoryDatabase"),
+        ({"database": MemoryDatabase(), "clock": Fixed()}, "not both"),
+    ],
+)
+def test_bad_options_are_refused_by_name(options: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigurationError, match=said):
+        MemoryStore(**options)  # type: ignore[arg-type]
+
+
+# -- whole schedulers, in virtual time -------------------------------------------
+
+
+def instances(n: int, **options: float) -> tuple[LoopClock, list[Scheduler]]:
+    clock = LoopClock(START)
+    database = MemoryDatabase(clock)
+    stores = [MemoryStore(database, **options) for _ in range(n)]  # type: ignore[arg-type]
+    return clock, [Scheduler(clock=clock, store=store, shutdown_timeout=5) for store in stores]
+
+
+@pytest.mark.looptime
+async def test_three_instances_run_every_tick_of_a_virtual_day_once() -> None:
+    """Every minute for a virtual day on three instances: 1,440 ticks, each run
+    once, the others counted as claimed elsewhere; the store's clock is the
+    schedulers' own, so no offset, no tick early."""
+    _, schedulers = instances(3)
+    ran: list[float] = []
+    for scheduler in schedulers:
+
+        @scheduler.every(minutes=1, name="job")
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.tick.timestamp())
+            await anyio.sleep(5)
+
+    async with schedulers[0].running(), schedulers[1].running(), schedulers[2].running():
+        await anyio.sleep(86400 + 1)
+        statuses = [scheduler.job_status("job") for scheduler in schedulers]
+    assert len(ran) == len(set(ran)) == 1440
+    assert ran == sorted(ran) and ran[0] == T0 + 60
+    assert sum(status.skipped.get("claimed_elsewhere", 0) for status in statuses) == 2 * 1440
+    assert all(set(status.skipped) <= {"claimed_elsewhere"} for status in statuses)
+
+
+@pytest.mark.looptime
+async def test_a_run_longer_than_its_lease_is_renewed_and_holds_the_job() -> None:
+    """A run of 100 virtual seconds on a 30 s lease: renewed every third of it,
+    never cancelled, and no other instance runs the job's ticks meanwhile."""
+    _, schedulers = instances(2, lease=30, timeout=5)
+    ran: list[tuple[float, float]] = []
+    for scheduler in schedulers:
+
+        @scheduler.every(seconds=60, name="job")
+        async def job(ctx: JobContext) -> None:
+            start = anyio.current_time()
+            await anyio.sleep(100)
+            ran.append((start, anyio.current_time()))
+
+    async with schedulers[0].running(), schedulers[1].running():
+        await anyio.sleep(60 * 5 + 1)
+        statuses = [scheduler.job_status("job") for scheduler in schedulers]
+    spans = sorted(ran)
+    assert len(spans) >= 2
+    assert all(end - start == pytest.approx(100) for start, end in spans)  # none cancelled
+    assert all(b[0] >= a[1] for a, b in pairwise(spans))  # never together
+    assert sum(status.failures for status in statuses) == 0
+
+
+@pytest.mark.looptime
+async def test_a_pause_until_an_instant_ends_on_every_instance() -> None:
+    clock, schedulers = instances(2)
+    ran: list[float] = []
+    for scheduler in schedulers:
+
+        @scheduler.every(hours=1, name="job")
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.tick.timestamp())
+
+    async with schedulers[0].running(), schedulers[1].running():
+        await anyio.sleep(1)
+        until = datetime.fromtimestamp(T0 + 5 * 3600 + 1, UTC)
+        await schedulers[1].pause("job", until=until)
+        await anyio.sleep(10 * 3600)
+    # 1:00 to 5:00 paused; 6:00 to 10:00 ran, once each.
+    assert ran == [T0 + hour * 3600 for hour in range(6, 11)]
+    paused = sum(s.job_status("job").skipped.get("paused", 0) for s in schedulers)
+    assert paused == 2 * 5
+    assert math.isfinite(clock.now())
+
+
+# -- a store's capabilities, read once ---------------------------------------------
+
+
+class Lacking(MemoryStore):
+    """A store of one's own that offers schedules, but not all of a table's methods."""
+
+    class Half:
+        async def create(self, name: str, task: str, spec: str) -> None: ...
+
+    schedules = Half()
+
+
+def test_a_capability_offered_in_part_is_refused_by_name_when_the_scheduler_is_built() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Scheduler(store=Lacking())
+    said = str(raised.value)
+    assert "schedules" in said and "change, changes, get, remove" in said, said
+    assert "ScheduleTable" in said
+
+
+def test_a_store_without_the_protocol_is_told_what_it_lacks() -> None:
+    class Partial:
+        lease, timeout, heartbeat = 30.0, 5.0, 10.0
+
+        async def claim(self) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"it lacks .*beat.*release"):
+        Scheduler(store=Partial())  # type: ignore[arg-type]
+
+
+def test_the_capabilities_are_read_from_each_store() -> None:
+    from fastapi_jobs._store import Capabilities
+    from fastapi_jobs.stores import SQLAlchemyStore
+
+    sql = Capabilities.of(SQLAlchemyStore("sqlite+aiosqlite:///unused.sqlite3"))
+    assert sql.schedules is not None and sql.backfills is not None and sql.outbox is not None
+    assert sql.instant_claims and sql.release_then_claim is not None
+    assert Capabilities.of(MemoryStore()) == Capabilities()
+    assert Capabilities.of(None) == Capabilities()
+
+
+async def test_a_store_without_backfills_says_so_when_asked_to_backfill() -> None:
+    scheduler = Scheduler(store=MemoryStore(), shutdown_timeout=5)
+
+    @scheduler.every(hours=1, name="job")
+    async def job(ctx: JobContext) -> None: ...
+
+    async with scheduler.running():
+        with pytest.raises(ConfigurationError, match="cannot claim past ticks"):
+            await scheduler.backfill(
+                "job",
+                since=datetime(2026, 1, 1, tzinfo=UTC),
+                until=datetime(2026, 1, 2, tzinfo=UTC),
+            )
