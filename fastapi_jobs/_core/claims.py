@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from hashlib import blake2b
@@ -111,7 +112,8 @@ class Claims:
             refused.tick - refused.db_time,
         )
         heartbeat = self.heartbeat
-        if heartbeat is not None:
+        # A store of one's own may say anything: only a reading of a clock moves ours.
+        if heartbeat is not None and math.isfinite(refused.db_time):
             heartbeat.heard(sent, refused.db_time, heartbeat.clock.local())
 
     def instant(

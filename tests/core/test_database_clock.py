@@ -51,3 +51,40 @@ async def test_a_slow_first_beat_does_not_make_the_first_ticks_early(tmp_path: P
         runs, _ = await first_runs(engine, store, 3, 0.1)
     late = [started - tick for tick, started in runs]  # each run's start, after its tick
     assert min(late) > -0.01, late
+
+
+def test_a_refusal_as_ahead_moves_the_clock_only_by_a_reading_of_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim refused as ahead of the database's clock brings the database's
+    reading: the instance's offset takes it at once. A store of one's own that
+    says NaN or infinity moves nothing (the refusal is still logged)."""
+    import logging
+    import math
+
+    from fastapi_jobs import TickAheadError
+    from fastapi_jobs._clock import OffsetClock
+    from fastapi_jobs._core.claims import Claims
+    from fastapi_jobs._core.heartbeat import Heartbeat
+    from fastapi_jobs.testing import MemoryStore
+
+    store = MemoryStore()
+    clock = OffsetClock(StepLocal())
+    claims = Claims(store, logging.getLogger("t"))
+    claims.heartbeat = Heartbeat(store, clock, logging.getLogger("t"), lambda pauses: None)
+    claims.heard(TickAheadError(1030.0, 1000.0), 999.9, ["job"])  # local 1000.0 at the answer
+    assert clock.offset == pytest.approx(0.05, abs=0.06)
+    for nonsense in (math.nan, math.inf, -math.inf):
+        claims.heard(TickAheadError(1030.0, nonsense), 999.9, ["job"])
+        assert math.isfinite(clock.offset) and abs(clock.offset) < 0.2
+    assert sum("ahead of its clock" in r.getMessage() for r in caplog.records) == 4
+
+
+class StepLocal:
+    """A local clock that reads 1000.0."""
+
+    def now(self) -> float:
+        return 1000.0
+
+    async def sleep_until(self, ts: float) -> None:  # pragma: no cover - never slept on
+        raise AssertionError
