@@ -18,6 +18,8 @@ from ._status import ClusterView, Outcome, RunRecord
 from .queues import Outbox
 
 __all__ = [
+    "FUTURE_MARGIN",
+    "REPLACED_BY",
     "Capabilities",
     "Ended",
     "Instance",
@@ -27,6 +29,15 @@ __all__ = [
     "ScheduleTable",
     "Store",
 ]
+
+
+FUTURE_MARGIN = 1.0
+"""How far ahead of the database's clock a store claims a tick (seconds).
+Healthy hosts claim at or after the tick; this absorbs timers that fire a hair
+early and the error of the clock's offset. Past it: `TickAheadError`."""
+REPLACED_BY = "RunReplacedError: replaced by the newer tick claimed by "
+"""The recorded error of a run an ``overlap="replace"`` claim took over, before
+the claimer's id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .._store import REPLACED_BY
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
@@ -142,7 +143,6 @@ RUN_COLUMNS = [
     "instance",
 ]
 """The columns a history row is written with, in the order its selects give them."""
-_REPLACED = "RunReplacedError: replaced by the newer tick claimed by "
 
 
 def replaced_runs(
@@ -174,7 +174,8 @@ def replaced_runs(
             ),
             sa.literal_column("'cancelled'", sa.String),
             # Constants as SQL, not binds: every bind is a named one (``b_...``).
-            sa.literal_column(f"'{_REPLACED}'", sa.Text) + sa.bindparam("b_owner", type_=sa.String),
+            sa.literal_column(f"'{REPLACED_BY}'", sa.Text)
+            + sa.bindparam("b_owner", type_=sa.String),
             c.c.owner,
         )
         .join_from(wanted, c, c.c.job == wanted.c.job)

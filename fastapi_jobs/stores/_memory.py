@@ -31,13 +31,11 @@ from .._clock import Clock, SystemClock, as_datetime
 from .._errors import ConfigurationError, TickAheadError
 from .._results import Outcome
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
-from .._store import Ended, Instance
+from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance
 
 __all__ = ["MemoryDatabase", "MemoryStore"]
 
 # How far ahead of the database's clock a tick may be claimed (the SQL store's).
-_FUTURE_MARGIN = 1.0
-_REPLACED = "RunReplacedError: replaced by the newer tick claimed by "
 _SAID = "MemoryStore(): "
 
 
@@ -175,7 +173,7 @@ class MemoryStore:
         now, owner = self._now(), self._owner
         fences: dict[str, int | Exception] = {}
         for job, tick in wanted:
-            if tick > now + _FUTURE_MARGIN:
+            if tick > now + FUTURE_MARGIN:
                 fences[job] = TickAheadError(tick, now)
                 continue
             if not manual and self._paused(job, now):
@@ -215,7 +213,7 @@ class MemoryStore:
                     finished_at=now,
                     duration=max(0.0, now - row.started_at),
                     outcome="cancelled",
-                    error=_REPLACED + owner,
+                    error=REPLACED_BY + owner,
                     instance=row.owner,
                 )
             )

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import StoreError
-from .._store import Ended, Instance
+from .._store import FUTURE_MARGIN, Ended, Instance
 from . import _reads
 from ._batches import (
     ahead,
@@ -45,10 +45,6 @@ _Reclaimed = dict[str, int | tuple[float, float] | Exception]
 _Versions = Mapping[str, int] | None
 _ClaimOp = Callable[[_Fences, dict[str, float], AsyncConnection], Awaitable[_Fences]]
 _Instant = tuple[str, float, Collection[str]] | None
-
-# How far ahead of the database's clock a tick may be claimed. Healthy hosts claim at
-# or after the tick; this absorbs timers that fire a hair early and the offset's error.
-_FUTURE_MARGIN = 1.0
 
 
 class StoreClaims:
@@ -189,7 +185,7 @@ class StoreClaims:
             made, db_time = clocked(result.all(), conn.dialect.name)
             if not made:
                 # Claimed elsewhere, or not yet due on the database's clock.
-                ahead([row for row in wanted if row[0] in jobs], fences, db_time, _FUTURE_MARGIN)
+                ahead([row for row in wanted if row[0] in jobs], fences, db_time, FUTURE_MARGIN)
                 wanted = [row for row in wanted if row[0] not in jobs]
                 if not wanted:
                     return fences
@@ -269,7 +265,7 @@ class StoreClaims:
 
     def _claim_params(self) -> dict[str, object]:
         owner, lease, timeout = self._owner, self.lease, self.timeout
-        return {"b_owner": owner, "b_lease": lease, "b_timeout": timeout, "b_early": _FUTURE_MARGIN}
+        return {"b_owner": owner, "b_lease": lease, "b_timeout": timeout, "b_early": FUTURE_MARGIN}
 
     async def renew(self, job: str, fence: int) -> bool:
         params = {"b_job": job, "b_fence": fence, "b_lease": self.lease}
