@@ -15,7 +15,7 @@ The hierarchy::
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 __all__ = [
     "ConfigurationError",
@@ -110,8 +110,8 @@ class TickAheadError(FastAPIJobsError):
 
     def __init__(self, tick: float, db_time: float) -> None:
         super().__init__(
-            f"tick {tick:.6f} is {tick - db_time:.3f}s ahead of the database's clock "
-            f"({db_time:.6f}): not claimed yet"
+            f"its tick {_instant(tick)} is {tick - db_time:.3f}s ahead of the database's "
+            f"clock ({_instant(db_time)}): not claimed yet"
         )
         self.tick = tick
         """The tick asked for (POSIX seconds)."""
@@ -123,6 +123,15 @@ class UnconfirmedError(StoreError):
     """Raised when a change (a pause, a resume) went to the store but its answer
     did not come back in time: it may have been made, and the next reading of the
     store (``GET /jobs/{name}``) shows whether it was."""
+
+
+def _instant(ts: float) -> str:
+    """``ts`` as a UTC time for people; as a number if it is none (a store of
+    one's own may say anything)."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).isoformat()
+    except (ValueError, OverflowError, OSError, TypeError):
+        return repr(ts)
 
 
 def short(value: object, limit: int = 60) -> str:

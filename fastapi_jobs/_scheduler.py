@@ -121,6 +121,8 @@ class Scheduler:
             shutdown_timeout=shutdown_timeout,
             app_lifespan=lifespan,
         )
+        if parts.capabilities.follow_clock is not None:
+            parts.capabilities.follow_clock(clock)
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
         self._life = Life()

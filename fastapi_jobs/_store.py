@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+from ._clock import Clock
 from ._errors import ConfigurationError, short
 from ._status import ClusterView, Outcome, RunRecord
 from .queues import Outbox
@@ -104,7 +105,10 @@ class Store(Protocol):
 
     Optional too: ``schedules`` (a `ScheduleTable`: schedules made at run
     time), ``backfills`` (`PastTicks`: `Scheduler.backfill`) and ``outbox``
-    (`fastapi_jobs.queues.Outbox`: hand-offs recorded). The scheduler reads
+    (`fastapi_jobs.queues.Outbox`: hand-offs recorded), and
+    ``follow_clock(clock)``, which a store that keeps time by the scheduler's
+    clock, not a server's (`fastapi_jobs.testing.MemoryStore`), is given the
+    scheduler's clock with, when it is built. The scheduler reads
     what a store has once, when it is built (`Capabilities`), and refuses one
     that offers a capability with a method missing, naming the method.
     """
@@ -307,14 +311,18 @@ class Capabilities(NamedTuple):
     `ScheduleTable`: schedules made at run time, shared by the instances),
     ``backfills`` (`PastTicks`), ``outbox`` (`fastapi_jobs.queues.Outbox`: a
     record of hand-offs), ``instant_claims = True`` and
-    ``release_then_claim`` (see `Store`). One that has the attribute but not
-    all of its methods is refused, by name, when the scheduler is built."""
+    ``release_then_claim`` (see `Store`); ``follow_clock(clock)``, a store
+    that keeps time by the scheduler's clock (`fastapi_jobs.testing.MemoryStore`,
+    in virtual time), is given the scheduler's when it is built. One that has
+    the attribute but not all of its methods is refused, by name, when the
+    scheduler is built."""
 
     schedules: ScheduleTable | None = None
     backfills: PastTicks | None = None
     outbox: Outbox | None = None
     instant_claims: bool = False
     release_then_claim: _Both | None = None
+    follow_clock: Callable[[Clock], None] | None = None
 
     @classmethod
     def of(cls, store: Store | None) -> Capabilities:
@@ -329,15 +337,16 @@ class Capabilities(NamedTuple):
             if part is not None:
                 _check(store, name, part, protocol)
             found[name] = part
-        both = getattr(store, "release_then_claim", None)
-        if both is not None and not callable(both):
-            raise ConfigurationError(
-                f"{short(store)}.release_then_claim is not a method: remove it, or see Store"
-            )
+        methods = {
+            name: getattr(store, name, None) for name in ("release_then_claim", "follow_clock")
+        }
+        for name, method in methods.items():
+            if method is not None and not callable(method):
+                raise ConfigurationError(
+                    f"{short(store)}.{name} is not a method: remove it, or see Store"
+                )
         return cls(
-            **found,
-            instant_claims=getattr(store, "instant_claims", False) is True,
-            release_then_claim=both,
+            **found, instant_claims=getattr(store, "instant_claims", False) is True, **methods
         )
 
 

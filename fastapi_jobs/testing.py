@@ -8,9 +8,9 @@ while ``time.time()`` does not; ``LoopClock`` reads the loop's::
 
     scheduler = Scheduler(clock=LoopClock(start=datetime(2026, 3, 2, tzinfo=UTC)))
 
-With a store, give the scheduler a ``MemoryStore`` on the same clock: its
-claims, leases and pauses then keep to virtual time too, and schedulers on one
-``MemoryDatabase`` are instances of one app.
+With a store, give the scheduler a ``MemoryStore``: it reads the scheduler's
+clock, so its claims, leases and pauses keep to virtual time too, and
+schedulers on one ``MemoryDatabase`` are instances of one app.
 
 ``scheduler.run_now(name)`` runs one job on demand (see the docs' "Testing
 your jobs").

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._errors import StoreError, TickAheadError, short
-from .._store import Capabilities, Ended, Store
+from .._store import FUTURE_MARGIN, Capabilities, Ended, Store
 from .heartbeat import Heartbeat
 
 __all__ = ["Claims"]
@@ -112,9 +112,16 @@ class Claims:
             refused.tick - refused.db_time,
         )
         heartbeat = self.heartbeat
-        # A store of one's own may say anything: only a reading of a clock moves ours.
-        if heartbeat is not None and math.isfinite(refused.db_time):
-            heartbeat.heard(sent, refused.db_time, heartbeat.clock.local())
+        # A store of one's own may say anything: only a finite reading that
+        # agrees with the refusal (the tick ahead of it by more than the
+        # claim's margin) moves our clock.
+        db_time = refused.db_time
+        if (
+            heartbeat is not None
+            and math.isfinite(db_time)
+            and db_time + FUTURE_MARGIN < refused.tick
+        ):
+            heartbeat.heard(sent, db_time, heartbeat.clock.local())
 
     def instant(
         self, together: Collection[str], at: float, jobs: Collection[str]

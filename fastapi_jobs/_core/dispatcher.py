@@ -302,9 +302,11 @@ class Dispatcher:
         """``runners``' claims were refused: their ticks are still in the future
         on the database's clock (it was stepped back, or this instance's reading
         of it was off). The clock takes the database's reading that came with
-        the refusal, and each tick is placed again, to be claimed when the
-        database's clock reaches it: the ticks the database sees as already
-        run (its clock going over them again) are all that a step loses."""
+        the refusal, and each job is placed again at its first tick after the
+        corrected time and after its last run here: the ticks the database
+        sees as already run (its clock going over them again) are all that a
+        step back of the database's clock loses, and a step forward of this
+        host's clock loses none to a wait for the tick it jumped to."""
         claims = self._claims
         assert claims is not None
         refused = fences[runners[0].job.name]
@@ -325,7 +327,7 @@ class Dispatcher:
             bucket = self._buckets.get(placed)
             if bucket is not None and runner in bucket:
                 bucket.remove(runner)
-            self.add(runner, tick)
+            self.add(runner, _first_after(runner, now, tick))
 
     async def _reclaim_first(
         self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]
@@ -380,3 +382,17 @@ async def _wake(
         if woken < SLICE:
             return
         await checkpoint()
+
+
+def _first_after(runner: JobRunner, now: float, refused: float) -> float:
+    """The tick to place ``runner`` at after ``refused`` was refused as ahead
+    of the database's clock, which reads ``now``: the first after ``now`` and
+    after the job's last run here (the ticks before it ran already), if it
+    comes before ``refused``. A host's clock stepped forward would otherwise
+    leave the job waiting for the tick it jumped to."""
+    started = runner.stats.last_started_at
+    try:
+        first = runner.job.schedule.next_after(now if started is None else max(now, started))
+    except Exception:  # noqa: BLE001 - a schedule of the user's: it raised for this tick before
+        return refused
+    return first if now < first < refused else refused

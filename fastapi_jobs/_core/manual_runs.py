@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from .._checks import flag
+from .._clock import as_datetime
 from .._control import TriggeredRun
 from .._errors import (
     ConfigurationError,
@@ -147,10 +148,19 @@ class Operator:
             return JobRunningError(name, held.last_started_at, held.running_on)
         if view is not None and view.pauses.get(name, 0.0) > self._parts.ticking.now():
             return JobRunningError(name, message=f"job {name!r} is paused in the store")
-        if held is not None and held.last_tick is not None and held.last_tick >= utc(tick):  # type: ignore[operator]
+        last, at = None if held is None else held.last_tick, as_datetime(tick)
+        if held is not None and last is not None and last > at:
+            # The database's clock is behind the job's last claim (stepped back):
+            # a claim is for a tick after the last one only.
             return JobRunningError(
                 name,
-                message=f"the tick {utc(tick)} of job {name!r} was claimed already, by "
+                message=f"job {name!r} last ran for {last.isoformat()}, later than now on the "
+                f"database's clock ({at.isoformat()}; stepped back?): try again after it",
+            )
+        if held is not None and last is not None and last == at:
+            return JobRunningError(
+                name,
+                message=f"the tick {at} of job {name!r} was claimed already, by "
                 f"{held.last_instance} (outcome: {held.last_outcome})",
             )
         return JobRunningError(name, message=f"job {name!r}: its claim was refused")

@@ -6,6 +6,8 @@ them."""
 from __future__ import annotations
 
 import json
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any, NoReturn, TypeVar
 
 from fastapi import HTTPException, Request
@@ -118,12 +120,15 @@ async def read_json(request: Request, model: type[Model], most: int, example: st
 
 
 def _charset(params: str) -> str | None:
-    """The ``charset`` of a Content-Type's parameters (after the ``;``), lower case."""
-    for param in params.split(";"):
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset":
-            return value.strip().strip('"').lower()
-    return None
+    """The ``charset`` of a Content-Type's parameters (after the ``;``), lower
+    case. The standard library's header parser reads them: a quoted value may
+    hold a ``;`` (``x="a;charset=utf-16"`` names no charset)."""
+    header = Message()
+    header["content-type"] = f"application/json;{params}"
+    charset = header.get_param("charset")
+    if charset is None:
+        return None
+    return collapse_rfc2231_value(charset).lower()
 
 
 def _unprocessable(detail: str) -> NoReturn:

@@ -13,8 +13,13 @@ The rules are the SQL store's, row for row (``stores/_claim_statements.py``,
 ``stores/_statements.py``): a tick is claimed only if it is newer than the
 job's last claimed one, its lease is free (a hand-off's only once released),
 the job is not paused (unless by hand), and the tick is not ahead of the
-database's clock by more than a second. It does not keep stored schedules,
-backfills or hand-off outboxes: those need `SQLAlchemyStore`.
+database's clock by more than a second; a stored schedule's tick only under
+the schedule's version. Stored schedules and backfills are kept too; only the
+hand-offs' outbox (a record of what was sent) needs `SQLAlchemyStore`.
+
+A database given no clock reads the clock of the first scheduler built on it:
+a test that gives its schedulers a `LoopClock` gets virtual leases without
+saying so twice.
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ import anyio.lowlevel
 
 from .._checks import is_whole, seconds
 from .._clock import Clock, SystemClock, as_datetime
-from .._errors import ConfigurationError, TickAheadError
+from .._errors import ConfigurationError, StoreError, TickAheadError, short
 from .._results import Outcome
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
-from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance
+from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance, Refused, ScheduleRow
+from ._operations import NOT_OPEN
+from ._options import MAX_HISTORY, MAX_LEASE, MIN_HEARTBEAT
 
 __all__ = ["MemoryDatabase", "MemoryStore"]
 
-# How far ahead of the database's clock a tick may be claimed (the SQL store's).
 _SAID = "MemoryStore(): "
 
 
@@ -82,14 +88,34 @@ class _Seen:
 @dataclass
 class MemoryDatabase:
     """What instances of one app share: the rows a database would hold, and
-    the clock it reads (`SystemClock` unless given: give the schedulers' own
-    `LoopClock` in virtual time)."""
+    the clock it reads. Given no clock, it reads the clock of the first
+    scheduler built on it (`SystemClock` if read before any is)."""
 
-    clock: Clock = field(default_factory=SystemClock)
+    clock: Clock | None = None
     claims: dict[str, _Claim] = field(default_factory=dict, repr=False)
     runs: list[_Run] = field(default_factory=list, repr=False)
     pauses: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)
     instances: dict[str, _Seen] = field(default_factory=dict, repr=False)
+    schedules: dict[str, ScheduleRow] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.clock is not None and not isinstance(self.clock, Clock):
+            raise ConfigurationError(
+                f"MemoryDatabase(clock={short(self.clock)}) is not a Clock: pass the "
+                "schedulers' LoopClock, or none (it reads the first scheduler's)"
+            )
+
+    def now(self) -> float:
+        """The database's time."""
+        if self.clock is None:
+            self.clock = SystemClock()
+        return self.clock.now()
+
+    def follow(self, clock: Clock) -> None:
+        """A scheduler built on this database ticks on ``clock``: read it too,
+        unless told a clock of its own."""
+        if self.clock is None:
+            self.clock = clock
 
 
 class MemoryStore:
@@ -121,32 +147,54 @@ class MemoryStore:
                 f"{_SAID}give a database or a clock, not both: the database reads its own clock"
             )
         if database is not None and not isinstance(database, MemoryDatabase):
-            raise ConfigurationError(f"{_SAID}database must be a MemoryDatabase, not {database!r}")
-        self.database = database or MemoryDatabase(clock or SystemClock())
+            raise ConfigurationError(
+                f"{_SAID}database must be a MemoryDatabase, not {short(database)}"
+            )
+        self.database = database or MemoryDatabase(clock)
         """The rows this store shares with the stores made on the same database."""
-        self.lease = seconds("lease", lease, context=_SAID)
+        # The SQL store's bounds: a test passes only what production takes.
+        self.lease = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
         self.timeout = seconds("timeout", timeout, context=_SAID)
-        self.heartbeat = seconds("heartbeat", heartbeat, context=_SAID)
+        self.heartbeat = seconds(
+            "heartbeat", heartbeat, context=_SAID, minimum=MIN_HEARTBEAT, allow_zero=True
+        )
         if self.timeout >= self.lease / 3:
             raise ConfigurationError(
                 f"{_SAID}timeout ({self.timeout:g}s) must be shorter than a third of the "
                 f"lease ({self.lease:g}s), so a renewal can fail and be retried in time"
             )
-        if not is_whole(history, 0):
-            raise ConfigurationError(f"{_SAID}history={history!r}: a whole number from 0")
+        if not is_whole(history, 0, MAX_HISTORY):
+            raise ConfigurationError(
+                f"{_SAID}history={history!r}: the runs kept per job, a whole number "
+                f"from 0 (no history) to {MAX_HISTORY}"
+            )
         self.history = history
+        self.schedules = _Schedules(self.database)
+        """The stored schedules (a `fastapi_jobs.stores.ScheduleTable`), shared
+        by the stores on the same database."""
+        self.backfills = _PastTicks(self)
+        """Past ticks claimed for `Scheduler.backfill` (a `PastTicks`)."""
         self._instance: Instance | None = None
 
     def __repr__(self) -> str:
         return f"MemoryStore(lease={self.lease:g}, timeout={self.timeout:g})"
 
+    def follow_clock(self, clock: Clock) -> None:
+        """The scheduler's clock, given when it is built: the database reads it
+        unless it was given one (see `MemoryDatabase`)."""
+        self.database.follow(clock)
+
     @property
     def _owner(self) -> str:
-        assert self._instance is not None, "opened by its scheduler first"
-        return self._instance.id
+        return self._opened().id
+
+    def _opened(self) -> Instance:
+        if self._instance is None:
+            raise StoreError(NOT_OPEN)
+        return self._instance
 
     def _now(self) -> float:
-        return self.database.clock.now()
+        return self.database.now()
 
     async def open(self, state: Mapping[str, object], instance: Instance) -> None:
         await anyio.lowlevel.checkpoint()
@@ -178,6 +226,8 @@ class MemoryStore:
                 continue
             if not manual and self._paused(job, now):
                 continue
+            if not self._current(job, None if versions is None else versions.get(job)):
+                continue
             row = self.database.claims.get(job)
             if row is None:
                 self.database.claims[job] = _Claim(tick, 1, owner, now + self.lease, now)
@@ -194,6 +244,15 @@ class MemoryStore:
             row.lease_until, row.started_at = now + self.lease, now
             fences[job] = row.fence
         return fences
+
+    def _current(self, job: str, version: int | None) -> bool:
+        """The SQL store's rule: a stored schedule's tick is claimed only under
+        its row's version; a declared job's only while no live stored schedule
+        has its name."""
+        row = self.database.schedules.get(job)
+        if row is None:
+            return True
+        return not row.removed if version is None else row.version == version
 
     def _paused(self, job: str, now: float) -> bool:
         until, _ = self.database.pauses.get(job, (0.0, 0))
@@ -286,8 +345,7 @@ class MemoryStore:
 
     async def beat(self) -> float:
         await anyio.lowlevel.checkpoint()
-        instance, now = self._instance, self._now()
-        assert instance is not None, "opened by its scheduler first"
+        instance, now = self._opened(), self._now()
         seen = self.database.instances.get(instance.id)
         if seen is None:
             self.database.instances[instance.id] = _Seen(instance.hostname, instance.pid, now, now)
@@ -378,6 +436,90 @@ class MemoryStore:
             if kept[run.job] <= self.history:
                 newest_first.append(run)
         self.database.runs[:] = reversed(newest_first)
+
+
+class _Schedules:
+    """The stored schedules (the SQL store's ``StoreSchedules``): a row's
+    version grows with each change, never below the clock in µs, and a removal
+    marks the row, so that an instance reading the changes sees it."""
+
+    def __init__(self, database: MemoryDatabase) -> None:
+        self._database = database
+
+    def _write(self, name: str, task: str, spec: str, removed: bool) -> ScheduleRow:
+        rows, now = self._database.schedules, self._database.now()
+        old = rows.get(name)
+        version = max(0 if old is None else old.version + 1, int(now * 1_000_000))
+        rows[name] = row = ScheduleRow(name, task, spec, version, now, removed)
+        return row
+
+    def _live(self, name: str) -> ScheduleRow | None:
+        row = self._database.schedules.get(name)
+        return None if row is None or row.removed else row
+
+    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
+        await anyio.lowlevel.checkpoint()
+        if self._live(name) is not None:
+            return None
+        return self._write(name, task, spec, removed=False)
+
+    async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
+        await anyio.lowlevel.checkpoint()
+        row = self._live(name)
+        if row is None or row.version != expect:
+            return None
+        return self._write(name, task, spec, removed=False)
+
+    async def get(self, name: str) -> ScheduleRow | None:
+        await anyio.lowlevel.checkpoint()
+        return self._live(name)
+
+    async def remove(self, name: str) -> ScheduleRow | None:
+        await anyio.lowlevel.checkpoint()
+        row = self._live(name)
+        if row is None:
+            return None
+        return self._write(name, row.task, row.spec, removed=True)
+
+    async def changes(self, since: int) -> list[ScheduleRow]:
+        await anyio.lowlevel.checkpoint()
+        rows = self._database.schedules.values()
+        if since > 0:
+            found = [row for row in rows if row.version >= since]
+        else:
+            found = [row for row in rows if not row.removed]
+        return sorted(found, key=lambda row: row.version)
+
+
+class _PastTicks:
+    """Past ticks claimed for a backfill (the SQL store's ``StoreBackfills``):
+    a tick the history has, or the job's last claimed one, ran; a held lease
+    waits; a stored schedule changed since the backfill began refuses."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def claim(self, job: str, tick: float, version: int | None = None) -> int | Refused:
+        await anyio.lowlevel.checkpoint()
+        store = self._store
+        database, now, owner = store.database, store._now(), store._owner
+        if not store._current(job, version):
+            return "changed"
+        row = database.claims.get(job)
+        ran = any(run.job == job and run.tick == tick for run in database.runs)
+        if ran or (row is not None and row.last_tick == tick):
+            return "ran"
+        if row is not None and row.lease_until is not None and row.lease_until >= now:
+            return "held"
+        if tick > now + FUTURE_MARGIN:
+            return "held"  # as the SQL store's: not claimed, whatever the reason
+        if row is None:
+            database.claims[job] = _Claim(tick, 1, owner, now + store.lease, now)
+            return 1
+        row.fence, row.owner = row.fence + 1, owner
+        row.last_tick = max(row.last_tick, tick)  # never back: see the claim's rule
+        row.lease_until, row.started_at = now + store.lease, now
+        return row.fence
 
 
 def _utc(ts: float | None) -> datetime | None:

@@ -10,14 +10,14 @@ from .._checks import flag, is_whole, seconds
 from .._errors import ConfigurationError
 from ._tables import check_prefix
 
-__all__ = ["Options", "check_options"]
+__all__ = ["MAX_HISTORY", "MAX_LEASE", "MIN_HEARTBEAT", "Options", "check_options"]
 
 # Runs kept per job in the history table, at most.
-_MAX_HISTORY = 100_000
+MAX_HISTORY = 100_000
 # A lease is what a killed holder costs its job; renewals keep long runs going,
 # so a long lease buys nothing. Heartbeats faster than this only load the database.
-_MAX_LEASE = 86400.0
-_MIN_HEARTBEAT = 0.1
+MAX_LEASE = 86400.0
+MIN_HEARTBEAT = 0.1
 _SAID = "SQLAlchemyStore(): "
 
 
@@ -44,20 +44,20 @@ def check_options(
     table_prefix: str,
 ) -> Options:
     """The options, or `ConfigurationError` for the first that is wrong."""
-    lease_s = seconds("lease", lease, context=_SAID, maximum=_MAX_LEASE)
+    lease_s = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
     timeout_s = seconds("timeout", timeout, context=_SAID)
     heartbeat_s = seconds(
-        "heartbeat", heartbeat, context=_SAID, minimum=_MIN_HEARTBEAT, allow_zero=True
+        "heartbeat", heartbeat, context=_SAID, minimum=MIN_HEARTBEAT, allow_zero=True
     )
     if timeout_s >= lease_s / 3:
         raise ConfigurationError(
             f"SQLAlchemyStore: timeout ({timeout_s:g}s) must be shorter than a third "
             f"of the lease ({lease_s:g}s), so a renewal can fail and be retried in time"
         )
-    if not is_whole(history, 0, _MAX_HISTORY):
+    if not is_whole(history, 0, MAX_HISTORY):
         raise ConfigurationError(
             f"SQLAlchemyStore(): history={history!r}: the runs kept per job, a whole "
-            f"number from 0 (no history) to {_MAX_HISTORY}"
+            f"number from 0 (no history) to {MAX_HISTORY}"
         )
     return Options(
         lease=lease_s,

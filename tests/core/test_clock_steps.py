@@ -4,6 +4,7 @@ without one, ticks are wall-clock instants, as docs/jobs.md says."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from fastapi_jobs import Every, JobContext, Scheduler
 from fastapi_jobs._core.dispatcher import GROUP_FROM, WATCH_EVERY
 from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
 
 from ..conftest import START, serving
 from ..support.instances import engine_for
@@ -189,6 +191,38 @@ async def test_without_a_store_a_step_back_and_forth_between_two_looks_does_not_
         clock.step(HOUR)  # 10:10, the 10:00 tick overdue; the watcher looks at 10:30
         await anyio.sleep(WATCH_EVERY)
     assert len(ticks) == 1 and 600 <= ticks[0] <= 610 + WATCH_EVERY, ticks
+
+
+@pytest.mark.looptime
+async def test_with_a_store_a_host_clock_stepped_forward_runs_the_next_tick_on_the_database(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """This host's clock steps an hour ahead just before a tick; the database's
+    does not. The timer wakes before the heartbeat has seen the step: the claim
+    of the tick it jumped to is refused as ahead of the database's clock, the
+    clock takes the database's reading, and the job runs again at its next
+    tick on the database's time, not an hour later at the tick it jumped to."""
+    database = MemoryDatabase(LoopClock(START))
+    clock = SteppingClock(START)
+    # A beat every 7 s: the beats (294, 301) miss the step (299) and the tick (300).
+    scheduler = Scheduler(clock=clock, store=MemoryStore(database, heartbeat=7))
+    ran: list[float] = []
+
+    @scheduler.every(minutes=1)
+    async def job(ctx: JobContext) -> None:
+        ran.append(database.now() - START.timestamp())
+
+    with caplog.at_level(logging.WARNING, "fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(299)  # 4:59, four runs
+            clock.step(HOUR)
+            await anyio.sleep(10 * 60)
+    assert ran[:4] == [60, 120, 180, 240]
+    after = ran[4:]
+    # From the next minute on the database's clock: at most one tick lost to the step.
+    assert after and after[0] <= 6 * 60 + 1, ran
+    assert len(after) >= 9, ran
+    assert "ahead of its clock" in caplog.text
 
 
 @pytest.fixture

@@ -14,7 +14,15 @@ from itertools import pairwise
 import anyio
 import pytest
 
-from fastapi_jobs import ConfigurationError, JobContext, Scheduler, TickAheadError
+from fastapi_jobs import (
+    ConfigurationError,
+    Every,
+    JobContext,
+    JobRunningError,
+    Scheduler,
+    StoreError,
+    TickAheadError,
+)
 from fastapi_jobs.stores import Ended, Instance, Store
 from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
 
@@ -33,6 +41,13 @@ class Fixed:
 
     async def sleep_until(self, ts: float) -> None:  # pragma: no cover - never slept on
         raise AssertionError("the store never sleeps")
+
+
+class Held(Fixed):
+    """A clock the test sets, that the scheduler's timer waits on (for good)."""
+
+    async def sleep_until(self, ts: float) -> None:
+        await anyio.sleep_forever()
 
 
 async def opened(database: MemoryDatabase, **options: float) -> MemoryStore:
@@ -170,6 +185,9 @@ async def test_instances_are_seen_while_they_beat() -> None:
     ("options", "said"),
     [
         ({"lease": 0}, "lease=0"),
+        ({"lease": 2 * 86400}, "lease=172800"),
+        ({"heartbeat": 0.01}, "heartbeat=0.01"),
+        ({"history": 10**6}, "history=1000000"),
         ({"timeout": 20}, "shorter than a third of the lease"),
         ({"history": -1}, "history=-1"),
         ({"database": "sqlite://"}, "must be a MemoryDatabase"),
@@ -263,18 +281,17 @@ async def test_a_pause_until_an_instant_ends_on_every_instance() -> None:
 # -- a store's capabilities, read once ---------------------------------------------
 
 
-class Lacking(MemoryStore):
-    """A store of one's own that offers schedules, but not all of a table's methods."""
+class Half:
+    """A schedules table of one's own, with only one of a table's methods."""
 
-    class Half:
-        async def create(self, name: str, task: str, spec: str) -> None: ...
-
-    schedules = Half()
+    async def create(self, name: str, task: str, spec: str) -> None: ...
 
 
 def test_a_capability_offered_in_part_is_refused_by_name_when_the_scheduler_is_built() -> None:
+    lacking = MemoryStore()
+    lacking.schedules = Half()  # type: ignore[assignment]
     with pytest.raises(ConfigurationError) as raised:
-        Scheduler(store=Lacking())
+        Scheduler(store=lacking)
     said = str(raised.value)
     assert "schedules" in said and "change, changes, get, remove" in said, said
     assert "ScheduleTable" in said
@@ -297,20 +314,131 @@ def test_the_capabilities_are_read_from_each_store() -> None:
     sql = Capabilities.of(SQLAlchemyStore("sqlite+aiosqlite:///unused.sqlite3"))
     assert sql.schedules is not None and sql.backfills is not None and sql.outbox is not None
     assert sql.instant_claims and sql.release_then_claim is not None
-    assert Capabilities.of(MemoryStore()) == Capabilities()
+    memory = Capabilities.of(MemoryStore())
+    assert memory.schedules is not None and memory.backfills is not None
+    assert memory.outbox is None and not memory.instant_claims
+    assert memory.release_then_claim is None and memory.follow_clock is not None
+    assert Capabilities.of(None) == Capabilities()
     assert Capabilities.of(None) == Capabilities()
 
 
-async def test_a_store_without_backfills_says_so_when_asked_to_backfill() -> None:
-    scheduler = Scheduler(store=MemoryStore(), shutdown_timeout=5)
+@pytest.mark.looptime
+async def test_two_backfills_of_one_range_on_two_instances_run_each_tick_once() -> None:
+    """Past ticks are claimed in the shared database: two instances backfilling
+    the same six hours run each tick once between them, and a tick the live
+    schedule ran is not run again."""
+    _, schedulers = instances(2)
+    ran: list[float] = []
+    for scheduler in schedulers:
+
+        @scheduler.every(hours=1, name="job")
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.tick.timestamp())
+            await anyio.sleep(1)
+
+    since, until = START, datetime.fromtimestamp(T0 + 6 * 3600, UTC)
+    async with schedulers[0].running(), schedulers[1].running():
+        await anyio.sleep(7 * 3600 + 1)  # 1:00 to 7:00 ran live
+        results: list[object] = []
+
+        async def backfill(scheduler: Scheduler) -> None:
+            results.append(await scheduler.backfill("job", since, until))
+
+        async with anyio.create_task_group() as tg:
+            for scheduler in schedulers:
+                tg.start_soon(backfill, scheduler)
+    assert sorted(ran) == [T0 + hour * 3600 for hour in range(8)]  # 0:00 once, by a backfill
+    assert len(ran) == len(set(ran))
+
+
+@pytest.mark.looptime
+async def test_stored_schedules_are_shared_by_the_instances_and_run_once() -> None:
+    """A schedule added on one instance runs on both, each tick once; removed
+    on the other, it runs nowhere after the next heartbeat."""
+    clock, schedulers = instances(2)
+    ran: list[tuple[str, float]] = []
+    for scheduler in schedulers:
+
+        @scheduler.task
+        async def remind(ctx: JobContext, who: str) -> None:
+            ran.append((who, ctx.tick.timestamp()))
+
+    one, two = schedulers
+    async with one.running(), two.running():
+        await one.add_schedule("remind-ada", "remind", Every(minutes=1), kwargs={"who": "ada"})
+        await anyio.sleep(20)  # a heartbeat: the other instance reads it
+        assert [job.name for job in two.status()] == ["remind-ada"]
+        await anyio.sleep(10 * 60)
+        await two.remove_schedule("remind-ada")
+        removed_at = clock.now()
+        await anyio.sleep(20)
+        assert one.status() == []
+        await anyio.sleep(10 * 60)
+    ticks = [tick for _, tick in ran]
+    assert len(ticks) == len(set(ticks)) >= 10
+    assert max(ticks) <= removed_at
+
+
+@pytest.mark.looptime
+async def test_a_store_given_no_clock_reads_the_schedulers_own() -> None:
+    """``MemoryStore()`` beside a `LoopClock` set years ahead of the real clock:
+    the database reads the scheduler's clock, so its ticks are not refused as
+    ahead of it, and leases are virtual too."""
+    clock = LoopClock(datetime(2031, 6, 1, tzinfo=UTC))
+    store = MemoryStore()
+    scheduler = Scheduler(clock=clock, store=store)
+    ran: list[datetime] = []
+
+    @scheduler.every(hours=1)
+    async def job(ctx: JobContext) -> None:
+        ran.append(ctx.tick)
+
+    async with scheduler.running():
+        await anyio.sleep(5 * 3600 + 1)
+    assert len(ran) == 5 and store.database.clock is clock
+
+
+def test_a_database_given_a_clock_keeps_it() -> None:
+    mine = Fixed()
+    store = MemoryStore(clock=mine)
+    Scheduler(clock=LoopClock(START), store=store)
+    assert store.database.clock is mine
+
+
+def test_a_database_clock_that_is_not_a_clock_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="is not a Clock"):
+        MemoryDatabase(1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="is not a Clock"):
+        MemoryStore(clock="now")  # type: ignore[arg-type]
+
+
+async def test_a_store_not_yet_opened_says_so() -> None:
+    store = MemoryStore()
+    with pytest.raises(StoreError, match="not open"):
+        await store.claim([("job", T0)])
+    with pytest.raises(StoreError, match="not open"):
+        await store.beat()
+
+
+async def test_a_trigger_while_the_database_clock_is_behind_the_last_claim_says_so() -> None:
+    """The database's clock was stepped back: the job's last claimed tick is
+    later than now on it. A trigger's claim (for now) is refused, and the error
+    says that, not that the trigger's own tick was claimed."""
+    clock = Held()
+    database = MemoryDatabase(clock)
+    scheduler = Scheduler(clock=clock, store=MemoryStore(database), shutdown_timeout=5)
 
     @scheduler.every(hours=1, name="job")
     async def job(ctx: JobContext) -> None: ...
 
+    other = await opened(database)
+    clock.at = T0 + 60
+    assert await other.claim([("job", T0 + 60)]) == {"job": 1}
+    await other.release([Ended("job", 1, "ok", None, 0.1)])
+    clock.at = T0 + 30  # stepped back
     async with scheduler.running():
-        with pytest.raises(ConfigurationError, match="cannot claim past ticks"):
-            await scheduler.backfill(
-                "job",
-                since=datetime(2026, 1, 1, tzinfo=UTC),
-                until=datetime(2026, 1, 2, tzinfo=UTC),
-            )
+        with pytest.raises(JobRunningError) as raised:
+            await scheduler.trigger("job")
+    said = str(raised.value)
+    assert "last ran for 2026-03-02T00:01:00+00:00" in said, said
+    assert "stepped back?" in said and "claimed already" not in said
