@@ -1,8 +1,10 @@
-"""What a listing shows of the values users give (a schedule's kwargs): a value
-under a name like a secret's is hidden, as the status page hides what a
-database error quotes (``_status``), and text that is not text (a lone
-surrogate) is made safe, so that one stored row cannot fail a listing. The
-jobs themselves get the values as given."""
+"""What is shown of what users give: a schedule's kwargs in a listing, and an
+error's text on the status page and in the store.
+
+A value under a name like a secret's is hidden, and so is what a database
+error quotes; text that is not text (a lone surrogate) is made safe, so that
+one stored row cannot fail a listing. The jobs themselves get the values as
+given, and the log has the errors whole."""
 
 from __future__ import annotations
 
@@ -11,7 +13,62 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["HIDDEN", "is_text", "shown"]
+__all__ = ["HIDDEN", "MAX_MESSAGE", "error_line", "error_shown", "is_text", "shown"]
+
+
+MAX_MESSAGE = 300
+"""The longest error message kept in status and in the store."""
+# What SQLAlchemy appends to a driver's message: the statement and its bound
+# parameters (which may hold secrets), and a link.
+_SQL_PARTS = re.compile(r"\s*\[SQL: |\s*\[parameters: |\s*\(Background on this error at: ")
+# The modules whose errors come from a database: their first line may repeat a
+# bound value ("invalid input syntax for type integer: "hunter2"", asyncpg's
+# "invalid input for query argument $1: 'hunter2'"), so what they quote is hidden.
+_DATABASE_MODULES = ("sqlalchemy", "asyncpg", "psycopg", "sqlite3", "aiosqlite")
+# SQLAlchemy's prefix before the driver's message: "(module.Class) <class '...'>: ".
+_WRAPPED = re.compile(r"^\([\w.]+\) (?:<class '[\w.]+'>: )?")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_ARGUMENT = re.compile(r"(query argument \$\d+: )[^(]*")
+
+
+def _from_database(error: BaseException) -> bool:
+    return any(kind.__module__.startswith(_DATABASE_MODULES) for kind in type(error).__mro__)
+
+
+def _hide_values(line: str) -> str:
+    """A database error's first line, its quoted (and asyncpg's argument) values
+    hidden: the line says what went wrong, never with what."""
+    line = _WRAPPED.sub("", line)
+    line = _ARGUMENT.sub(r"\1… ", line)
+    return _QUOTED.sub(lambda m: f"{m.group(0)[0]}…{m.group(0)[0]}", line)
+
+
+def error_shown(error: BaseException) -> tuple[str, str]:
+    """What of ``error`` may be shown, as its type's name and a message: a
+    status page is read by more people than the log, and an error's text can
+    carry data (SQLAlchemy appends the statement and its bound parameters,
+    PostgreSQL a DETAIL line with the row's values, and the drivers repeat a
+    value they refused in the first line: what a database error quotes is
+    hidden)."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the job's, not ours
+        text = "(its message could not be read)"
+    line = text.partition("\n")[0]
+    if _from_database(error):
+        line = _hide_values(_SQL_PARTS.split(line, maxsplit=1)[0])
+    cut = len(line) > MAX_MESSAGE
+    line = _SQL_PARTS.split(line[:MAX_MESSAGE], maxsplit=1)[0]
+    shown = "".join(c if c.isprintable() else " " for c in line).strip()
+    if cut:
+        shown = shown[: MAX_MESSAGE - 1] + "…"
+    return type(error).__name__[:MAX_MESSAGE], shown
+
+
+def error_line(kind: str, message: str) -> str:
+    """An error shown as one line, ``Type: message``, as the store keeps it
+    (``ErrorInfo.parse`` reads it back)."""
+    return f"{kind}: {message}" if message else kind
 
 
 def is_text(value: str) -> bool:

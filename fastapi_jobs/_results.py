@@ -1,12 +1,20 @@
-"""How a run ended, in one place: its outcome, why a tick did not run, what a
-run hands back, and what ``run_now`` / ``trigger(...).wait()`` return.
+"""How a run ended, in one place: one fact, `RunEnd`, and its views.
 
-A run is the guarded run's (``_core.attempt``) to end: it makes the `Ran`
-of each attempt, a tick's runs (``_core.tick_runs``) fold retries into one, and
-the history, the store's release and a caller asking by hand read that one
-value. `RunResult` is the public face of a `Ran`, made here
-only (`RunResult.of`). The per-job counters a run moves live in
-`fastapi_jobs._status.JobStats`, whose `ended` is their writer.
+A run is the guarded run's (``_core.attempt``) to end: it makes the `RunEnd`
+of each attempt, and the runner (``_core.runner``) folds a tick's retries into
+one. Everything else that says how a run ended is a view of that one value,
+made from it in one place each:
+
+- `Ended` (`RunEnd.release`): the store's release of a claimed run;
+- `RunResult` (`RunResult.of`): what ``run_now`` and a trigger's ``wait()``
+  return;
+- `fastapi_jobs.RunRecord` (``_core.history.History.add``): a run in this
+  process's history (``GET /jobs/{name}/runs``; the store's history is made
+  from `Ended`);
+- `fastapi_jobs.BackfillTick` (``BackfillTick.of``): a backfill's tick.
+
+The per-job counters a run moves live in `fastapi_jobs._status.JobStats`,
+whose `ended` is their writer. Why a tick did not run (`SkipReason`) is here too.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from typing import Literal, NamedTuple
 import anyio
 
 from ._errors import LeaseLostError, RunReplacedError
+from ._redaction import error_line, error_shown
 
-__all__ = ["Manual", "Outcome", "Ran", "RunResult", "SkipReason", "lease_lost"]
+__all__ = ["Ended", "Manual", "Outcome", "RunEnd", "RunResult", "SkipReason", "lease_lost"]
+
+_new = tuple.__new__
 
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
@@ -40,14 +51,48 @@ claimed. A tick due at its instant that the database finds early is not
 skipped: it waits for the database's clock."""
 
 
-class Ran(NamedTuple):
-    """How one run (or a tick's runs, retries included) ended."""
+class RunEnd(NamedTuple):
+    """How one run (or a tick's runs, retries included) ended: the one fact
+    that the views above are made from."""
 
     outcome: Outcome
     error: BaseException | None
     duration: float
+    """Seconds from the first attempt's start to the last one's end."""
     started: float
+    """When the first attempt started (the clock the job ticks on)."""
     attempts: int
+
+    def release(self, job: str, fence: int, manual: bool, past: float | None) -> Ended:
+        """The store's record of this run of ``job``'s claim ``fence``
+        (``past``: a backfilled tick's, see `Ended.tick`)."""
+        error = None if self.error is None else error_line(*error_shown(self.error))
+        return _new(
+            Ended,
+            (job, fence, self.outcome, error, self.duration, self.attempts, manual, past),
+        )
+
+
+class Ended(NamedTuple):
+    """How the run of one claim ended: what `Store.release` records."""
+
+    job: str
+    fence: int
+    outcome: Outcome | None
+    """How the run ended; None: its run never started (the app stopped first, or
+    the claim came back after its caller gave up). Such a claim is only freed:
+    no run is recorded, and the job's last run stays what it was."""
+    error: str | None
+    """The error as the status page shows it (``ErrorInfo``), or None."""
+    duration: float
+    """Seconds from the first attempt's start to the last one's end."""
+    attempts: int = 1
+    """Runs it took: 1, plus the retries."""
+    manual: bool = False
+    """Asked for by hand (trigger, the CLI), not by the schedule."""
+    tick: float | None = None
+    """The tick the run was for, when it is not the claim's ``last_tick`` (a
+    backfilled tick older than the job's latest claim); None: the claim's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +113,7 @@ class RunResult:
         return self.outcome == "ok"
 
     @classmethod
-    def of(cls, name: str, tick: datetime, ran: Ran) -> RunResult:
+    def of(cls, name: str, tick: datetime, ran: RunEnd) -> RunResult:
         """What the caller of ``run_now`` or of a trigger sees of ``ran``."""
         return cls(
             name=name,
@@ -89,7 +134,7 @@ class Manual:
         self.past = past
         """A backfilled tick: older than its claim's ``last_tick``, so its release
         says the tick (``Ended.tick``)."""
-        self.ran: Ran | None = None
+        self.ran: RunEnd | None = None
         """How it ended; None until `done` (and for a cancelled run)."""
         self.done = anyio.Event()
         self.asked_from = contextvars.copy_context()

@@ -24,13 +24,13 @@ from ._control import TriggeredRun
 from ._core.declarations import add_job, add_observer, add_observers
 from ._core.heartbeat import Heartbeat
 from ._core.leases import LeaseKeeper
-from ._core.lifecycle import Life, Running, app_state
+from ._core.lifecycle import CurrentRun, Running, app_state
 from ._core.manual_runs import Operator
 from ._core.observers import Observers
 from ._core.parts import AppLifespan, Parts, check_history, check_parts
 from ._core.pauses import Pauses
 from ._core.reader import Reader
-from ._core.runner import HISTORY, RunResult
+from ._core.runner import HISTORY
 from ._core.seam import Seam
 from ._dynamic.book import ScheduleBook
 from ._dynamic.bounds import ScheduleBounds
@@ -38,6 +38,7 @@ from ._dynamic.stored import ScheduleOptions, StoredSchedule
 from ._errors import ConfigurationError, short
 from ._job import Job, JobOptions, check_options
 from ._logging import LIBRARY
+from ._results import RunResult
 from ._schedules import Cron, Every, Schedule
 from ._status import ClusterView, JobStatus, PauseState, RunRecord
 from ._store import Capabilities, Instance, Store
@@ -125,18 +126,18 @@ class Scheduler:
             parts.capabilities.follow_clock(clock)
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
-        self._life = Life()
-        self._book = ScheduleBook(parts, self._life, pauses)
+        self._current = CurrentRun()
+        self._book = ScheduleBook(parts, self._current, pauses)
         if store is not None and on_db_time is not None:
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
             if parts.capabilities.schedules is not None:
                 parts.heartbeat.also.append(("the stored schedules", self._book.sync))
         # Every public call below takes one path: the seam, which the
         # integrations use too, over the sides that do the work.
-        reader = Reader(parts, self._life, pauses)
-        operator = Operator(parts, self._life, reader)
-        backfills = Backfills(parts, self._life)
-        self._seam = Seam(parts, self._life, reader, operator, pauses, self._book, backfills)
+        reader = Reader(parts, self._current, pauses)
+        operator = Operator(parts, self._current, reader)
+        backfills = Backfills(parts, self._current)
+        self._seam = Seam(parts, self._current, reader, operator, pauses, self._book, backfills)
         self._router: APIRouter | None = None
 
     @property
@@ -255,7 +256,7 @@ class Scheduler:
 
     @property
     def _running(self) -> bool:
-        return self._life.running is not None
+        return self._current.running is not None
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
@@ -283,7 +284,7 @@ class Scheduler:
             raise RuntimeError("this scheduler is already running")
         run = Running(
             self._parts,
-            self._life,
+            self._current,
             {} if state is None else state,
             ticking=ticking,
             forget_pauses=self._pauses.forget,

@@ -9,13 +9,13 @@ the hot path), through `JobStats.ended` for how each run ended;
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from ._clock import as_datetime
+from ._redaction import MAX_MESSAGE, error_line, error_shown
 from ._results import Outcome, SkipReason
 
 __all__ = [
@@ -33,32 +33,6 @@ __all__ = [
     "utc",
 ]
 
-MAX_MESSAGE = 300
-"""The longest error message kept in status and in the store."""
-# What SQLAlchemy appends to a driver's message: the statement and its bound
-# parameters (which may hold secrets), and a link.
-_SQL_PARTS = re.compile(r"\s*\[SQL: |\s*\[parameters: |\s*\(Background on this error at: ")
-# The modules whose errors come from a database: their first line may repeat a
-# bound value ("invalid input syntax for type integer: "hunter2"", asyncpg's
-# "invalid input for query argument $1: 'hunter2'"), so what they quote is hidden.
-_DATABASE_MODULES = ("sqlalchemy", "asyncpg", "psycopg", "sqlite3", "aiosqlite")
-# SQLAlchemy's prefix before the driver's message: "(module.Class) <class '...'>: ".
-_WRAPPED = re.compile(r"^\([\w.]+\) (?:<class '[\w.]+'>: )?")
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-_ARGUMENT = re.compile(r"(query argument \$\d+: )[^(]*")
-
-
-def _from_database(error: BaseException) -> bool:
-    return any(kind.__module__.startswith(_DATABASE_MODULES) for kind in type(error).__mro__)
-
-
-def _hide_values(line: str) -> str:
-    """A database error's first line, its quoted (and asyncpg's argument) values
-    hidden: the line says what went wrong, never with what."""
-    line = _WRAPPED.sub("", line)
-    line = _ARGUMENT.sub(r"\1… ", line)
-    return _QUOTED.sub(lambda m: f"{m.group(0)[0]}…{m.group(0)[0]}", line)
-
 
 class ErrorInfo(BaseModel):
     """The last error of a job: its type and a short message, never a traceback."""
@@ -71,27 +45,12 @@ class ErrorInfo(BaseModel):
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
-        """What of ``error`` may be shown: a status page is read by more people
-        than the log, and an error's text can carry data (SQLAlchemy appends the
-        statement and its bound parameters, PostgreSQL a DETAIL line with the
-        row's values, and the drivers repeat a value they refused in the first
-        line: what a database error quotes is hidden)."""
-        try:
-            text = str(error)
-        except Exception:  # noqa: BLE001 - a broken __str__ is the job's, not ours
-            text = "(its message could not be read)"
-        line = text.partition("\n")[0]
-        if _from_database(error):
-            line = _hide_values(_SQL_PARTS.split(line, maxsplit=1)[0])
-        cut = len(line) > MAX_MESSAGE
-        line = _SQL_PARTS.split(line[:MAX_MESSAGE], maxsplit=1)[0]
-        shown = "".join(c if c.isprintable() else " " for c in line).strip()
-        if cut:
-            shown = shown[: MAX_MESSAGE - 1] + "…"
-        return cls(type=type(error).__name__[:MAX_MESSAGE], message=shown)
+        """What of ``error`` may be shown (`fastapi_jobs._redaction.error_shown`)."""
+        kind, message = error_shown(error)
+        return cls(type=kind, message=message)
 
     def __str__(self) -> str:
-        return f"{self.type}: {self.message}" if self.message else self.type
+        return error_line(self.type, self.message)
 
     @classmethod
     def parse(cls, text: str | None) -> ErrorInfo | None:

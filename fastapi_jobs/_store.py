@@ -15,7 +15,8 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ._clock import Clock
 from ._errors import ConfigurationError, short
-from ._status import ClusterView, Outcome, RunRecord
+from ._results import Ended
+from ._status import ClusterView, RunRecord
 from .queues import Outbox
 
 __all__ = [
@@ -53,28 +54,6 @@ class Instance:
         if not self.id:
             # Host and pid for people; a random suffix because pids are reused.
             object.__setattr__(self, "id", f"{self.hostname}:{self.pid}:{secrets.token_hex(3)}")
-
-
-class Ended(NamedTuple):
-    """How the run of one claim ended: what `Store.release` records."""
-
-    job: str
-    fence: int
-    outcome: Outcome | None
-    """How the run ended; None: its run never started (the app stopped first, or
-    the claim came back after its caller gave up). Such a claim is only freed:
-    no run is recorded, and the job's last run stays what it was."""
-    error: str | None
-    """The error as the status page shows it (``ErrorInfo``), or None."""
-    duration: float
-    """Seconds from the first attempt's start to the last one's end."""
-    attempts: int = 1
-    """Runs it took: 1, plus the retries."""
-    manual: bool = False
-    """Asked for by hand (trigger, the CLI), not by the schedule."""
-    tick: float | None = None
-    """The tick the run was for, when it is not the claim's ``last_tick`` (a
-    backfilled tick older than the job's latest claim); None: the claim's."""
 
 
 @runtime_checkable

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from .._redaction import error_line, error_shown
+from .._results import RunEnd
+
 __all__ = ["BackfillResult", "BackfillTick", "TickOutcome"]
 
 TickOutcome = Literal[
@@ -33,6 +36,13 @@ class BackfillTick:
     """The run's length (retries included); None for a tick that did not run."""
     error: str | None
     """Why it failed, or did not run (as the status page says it), or None."""
+
+    @classmethod
+    def of(cls, tick: datetime, ran: RunEnd) -> BackfillTick:
+        """How the run of ``tick`` went, as a backfill's tick (a view of the
+        run's `fastapi_jobs._results.RunEnd`)."""
+        error = None if ran.error is None else error_line(*error_shown(ran.error))
+        return cls(tick, ran.outcome, ran.duration, error)
 
     def describe(self) -> str:
         """``ok 0.12s``, ``ran already``, ``failed: ValueError: ...``."""

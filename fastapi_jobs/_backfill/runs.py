@@ -22,7 +22,7 @@ import anyio.abc
 
 from .._checks import is_aware, is_whole
 from .._clock import as_datetime
-from .._core.lifecycle import Life, Running
+from .._core.lifecycle import CurrentRun, Running
 from .._core.parts import Parts
 from .._core.runner import JobRunner
 from .._errors import ConfigurationError, JobRunningError, NotRunningError, StoreError, short
@@ -86,9 +86,9 @@ _CHANGED = (
 class Backfills:
     """A scheduler's backfills: checked, run one tick at a time, one per job."""
 
-    def __init__(self, parts: Parts, life: Life) -> None:
+    def __init__(self, parts: Parts, current: CurrentRun) -> None:
         self._parts = parts
-        self._life = life
+        self._current = current
         self.going: set[str] = set()
         """The jobs a backfill runs for now (one each)."""
         self._tg: anyio.abc.TaskGroup | None = None  # the service's, while it runs
@@ -114,7 +114,7 @@ class Backfills:
                 f"backfill(): the range is reversed: since={as_datetime(start).isoformat()} is "
                 f"after until={as_datetime(end).isoformat()}; pass since <= until"
             )
-        running = self._life.running
+        running = self._current.running
         if running is None or runner.stopping:
             raise NotRunningError(
                 f"cannot backfill {name!r}: the scheduler is not running (backfill runs "
@@ -168,7 +168,7 @@ class Backfills:
         until: datetime,
         progress: Progress | None,
     ) -> BackfillResult:
-        running = self._life.running
+        running = self._current.running
         assert running is not None
         # The version of the stored schedule this runner runs (its claims carry
         # it): taken with the runner, which a change replaces (and stops) at once.
@@ -262,8 +262,9 @@ class Backfills:
                 return got
             fence = got
         manual = Manual(past=fence is not None)
-        runner.fence, runner.claimed_at = fence, claimed_at
-        runner.due, runner.manual, runner.in_flight = tick, manual, True
+        runner.take(tick, manual)
+        if fence is not None:
+            runner.claimed(fence, claimed_at)
         runner.wake()
         await manual.done.wait()
         if fence is not None and running.claims is not None:
@@ -273,14 +274,13 @@ class Backfills:
             if self._parts.runners.get(runner.job.name) is not runner:
                 return self._stopped(runner, at)
             return BackfillTick(at, "not_run", None, "the app stopped, or the lease was lost")
-        error = None if ran.error is None else str(ErrorInfo.of(ran.error))
-        return BackfillTick(at, ran.outcome, ran.duration, error)
+        return BackfillTick.of(at, ran)
 
     async def _free(self, runner: JobRunner, running: Running) -> bool:
         """Wait for the job to be free here (a live run going ends first);
         False if the app stops meanwhile."""
         while True:
-            if runner.stopping or self._life.running is not running:
+            if runner.stopping or self._current.running is not running:
                 return False
             if not runner.busy:
                 return True
@@ -306,7 +306,7 @@ class Backfills:
         # longer, and the job runs on elsewhere (or its holder died): skipped.
         give_up = anyio.current_time() + store.lease
         while True:
-            runner.in_flight = True  # no live tick starts here while it claims
+            runner.take(tick)  # no live tick starts here while it claims
             try:
                 got = await past.claim(runner.job.name, tick, version)
             except Exception as exc:  # noqa: BLE001 - the tick's outcome, and the end
@@ -317,13 +317,13 @@ class Backfills:
                     f"the store cannot be reached ({ErrorInfo.of(exc)})",
                 )
             finally:
-                runner.in_flight = False
+                runner.free(cancel=False)
             if got == "ran":
                 return BackfillTick(at, "ran_already", None, None)
             if got == "changed":
                 return BackfillTick(at, "not_run", None, _CHANGED)
             if isinstance(got, int):
-                if runner.stopping or self._life.running is not running:
+                if runner.stopping or self._current.running is not running:
                     self._give_back(runner, running, got)
                     return self._stopped(runner, at)
                 if not runner.busy:

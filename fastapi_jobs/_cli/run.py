@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 
 from .._control import TriggeredRun
-from .._core.runner import RunResult
 from .._errors import FastAPIJobsError, JobRunningError
+from .._results import RunResult
 from .._scheduler import Scheduler, seam_of
 from .._status import ErrorInfo
 from ..queues import handoff_key

@@ -60,10 +60,9 @@ def add_job(
             "another name="
         )
     check_catch_up(job, parts.store)
-    runner = parts.runners[job.name] = JobRunner(
-        job, parts.ticking, parts.logger, parts.leases, parts.history
+    parts.runners[job.name] = JobRunner(
+        job, parts.ticking, parts.logger, parts.leases, parts.history, parts.observers
     )
-    runner.observers = parts.observers or None
     return job
 
 
@@ -82,4 +81,4 @@ def add_observer(parts: Parts, observer: object) -> None:
     """Tell ``observer`` about every run and skipped tick of every job from now on."""
     parts.observers.add(observer)
     for runner in parts.runners.values():
-        runner.observers = parts.observers
+        runner.watched_by(parts.observers)

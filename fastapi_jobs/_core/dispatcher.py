@@ -34,7 +34,7 @@ import anyio.abc
 
 from .._clock import Clock
 from .._errors import TickAheadError
-from .claim_answers import answered
+from .claim_answers import apply_answers
 from .claims import Claims
 from .concurrency import backend
 from .reclaims import Reclaims
@@ -59,7 +59,6 @@ _STEP = 1.0
 # Timers may fire a hair before the wall clock reaches the instant (the loop
 # sleeps on the monotonic clock); closer than this counts as on time.
 _EARLY = 0.001
-_US = 1_000_000
 
 
 class Dispatcher:
@@ -139,7 +138,7 @@ class Dispatcher:
                 await _wake(pending, checkpoint)
             finally:
                 for runner in pending:  # cancelled between two slices
-                    runner.settle()
+                    runner.free()
 
         with self._reclaiming:
             await self.reclaims.run(wake)
@@ -191,16 +190,11 @@ class Dispatcher:
         for runner in bucket:
             if runner.stopping:
                 continue  # not placed again: its task is ending
-            period = runner.period_us
-            if period:  # an interval: one integer step on its grid (runner.advance, inlined)
-                runner.grid_us = grid = runner.grid_us + period
-                nxt = grid / _US
-            else:
-                try:
-                    nxt = runner.advance(instant)
-                except Exception as exc:  # noqa: BLE001 - a schedule of the user's
-                    runner.schedule_failed(exc)
-                    continue
+            try:
+                nxt = runner.advance(instant)
+            except Exception as exc:  # noqa: BLE001 - a schedule of the user's
+                runner.schedule_failed(exc)
+                continue
             tick = instant
             if nxt <= now:
                 # Woke late (blocked loop, machine asleep): only the latest
@@ -235,11 +229,10 @@ class Dispatcher:
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
                 # Dropped, unless the job's overlap policy keeps it for after the run.
-                if runner.job.overlap == "skip" or not runner.keep(tick):
+                if runner.job.overlap == "skip" or not runner.hold_over(tick):
                     runner.skipped("overlap", tick)
                 continue
-            runner.due = tick
-            runner.in_flight = True
+            runner.take(tick)
             if runner.leases is None:
                 to_wake.append(runner)
             else:
@@ -255,7 +248,7 @@ class Dispatcher:
                 await _wake(pending, checkpoint)
             finally:
                 for runner in pending:  # cancelled between two slices (the scheduler stops)
-                    runner.settle()
+                    runner.free()
 
     async def _claim_then_wake(
         self,
@@ -284,7 +277,7 @@ class Dispatcher:
             sent = claims.reading()
             fences = await claims.claim([(r.job.name, r.due) for r in runners], instant=instant)
             ahead: list[JobRunner] = []
-            won = answered(pending, fences, claimed_at, reclaims, watching, ahead)
+            won = apply_answers(pending, fences, claimed_at, reclaims, watching, ahead)
             pending = iter(won)
             if ahead:
                 assert not isinstance(fences, Exception)
@@ -294,7 +287,7 @@ class Dispatcher:
             # Cancelled (the scheduler stops): the runners not woken are free
             # again, and the claims made for them are released.
             for runner in pending:
-                runner.settle()
+                runner.free()
 
     def _not_yet(
         self, runners: list[JobRunner], fences: Mapping[str, int | Exception], sent: float
@@ -342,8 +335,8 @@ class Dispatcher:
             return runners
         ticks = {runner: runner.due for runner in due}
         for runner in due:
-            runner.settle()  # the re-claim takes it again: in flight for the old tick
-            runner.in_flight = True
+            runner.free()  # the re-claim takes it again: in flight for the old tick
+            runner.take(ticks[runner])
         won = await reclaims.reclaim(due)
         for runner in won:
             runner.skipped("overlap", ticks[runner])
@@ -352,7 +345,7 @@ class Dispatcher:
             await _wake(pending, checkpoint)
         finally:
             for runner in pending:
-                runner.settle()
+                runner.free()
         unanswered = reclaims.unanswered
         rest = [r for r in runners if r not in ticks]
         for runner in due:
@@ -363,7 +356,7 @@ class Dispatcher:
                 # (the store's failure is logged), and the re-claim asked again.
                 runner.skipped("store_unavailable", ticks[runner])
                 continue
-            runner.due, runner.in_flight = ticks[runner], True  # claimed as usual
+            runner.take(ticks[runner])  # claimed as usual
             rest.append(runner)
         return rest
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .._status import ErrorInfo, Outcome, RunRecord, utc
 
 if TYPE_CHECKING:
-    from .._results import Ran
+    from .._results import RunEnd
 
 __all__ = ["History", "run_id"]
 
@@ -46,7 +46,7 @@ class History:
         self.count = 0
         """Runs recorded so far: the number of the next one."""
 
-    def add(self, tick: float, ran: Ran, manual: bool) -> None:
+    def add(self, tick: float, ran: RunEnd, manual: bool) -> None:
         """Record the run of ``tick`` that ended as ``ran``."""
         outcome, error, duration, started, attempts = ran
         n = self.count

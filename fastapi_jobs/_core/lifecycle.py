@@ -6,13 +6,12 @@ background tasks (each named). It starts them in order (the store open and the
 database's time known before the first tick) and stops them in order: ticking
 first, then the runs in flight drained (``_core.drain``), then the last claims
 released and the last events told. The scheduler is running while
-``Life.running`` holds one, and only then.
+``CurrentRun.running`` holds one, and only then.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,10 +28,10 @@ from .runner import JobRunner
 from .startup import log_start, warn_if_unclaimed_in_several_processes
 from .tasks import JobTasks
 
-__all__ = ["Life", "Running", "app_state"]
+__all__ = ["CurrentRun", "Running", "app_state"]
 
 
-class Life:
+class CurrentRun:
     """A scheduler's current run: None while it is not running."""
 
     __slots__ = ("running",)
@@ -57,14 +56,14 @@ class Running:
     def __init__(
         self,
         parts: Parts,
-        life: Life,
+        current: CurrentRun,
         state: Mapping[str, Any],
         *,
         ticking: bool,
         forget_pauses: Callable[[], None],
     ) -> None:
         self.parts = parts
-        self._life = life
+        self._current = current
         self.state = state
         self.ticking = ticking
         self.runners = list(parts.runners.values())
@@ -78,7 +77,7 @@ class Running:
     async def run(self) -> AsyncIterator[None]:
         """Run the jobs for the ``async with`` block; then stop, drain, close."""
         parts, store = self.parts, self.parts.store
-        self._life.running = self
+        self._current.running = self
         # The library's own logger first: a scheduler logger below it then
         # shows its lines through that handler, once.
         make_visible(logging.getLogger(LIBRARY))  # the store's and the metrics' lines
@@ -105,7 +104,7 @@ class Running:
                     raise body_error from None
                 raise
         finally:
-            self._life.running = self.claims = self._started = None
+            self._current.running = self.claims = self._started = None
             if parts.heartbeat is not None:
                 parts.heartbeat.on_step = None
             if store is not None:
@@ -122,7 +121,7 @@ class Running:
             self._forget_pauses()
             for runner in runners:
                 if runner.leases is None:
-                    runner.pause_unknown, runner.paused_until = True, math.inf
+                    runner.pause_unread()
             await store.open(self.state, parts.instance)
         if parts.heartbeat is not None:
             await parts.heartbeat.start()  # learn the database's time before ticking

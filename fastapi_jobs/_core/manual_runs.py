@@ -30,7 +30,7 @@ from .._status import ErrorInfo, utc
 from .._store import Ended
 from .claims import Claims
 from .history import run_id
-from .lifecycle import Life
+from .lifecycle import CurrentRun
 from .parts import Parts
 from .reader import Reader
 from .runner import JobRunner
@@ -41,9 +41,9 @@ __all__ = ["Operator"]
 class Operator:
     """Starts runs by hand, in the running scheduler or outside it."""
 
-    def __init__(self, parts: Parts, life: Life, reader: Reader) -> None:
+    def __init__(self, parts: Parts, current: CurrentRun, reader: Reader) -> None:
         self._parts = parts
-        self._life = life
+        self._current = current
         self._reader = reader
 
     async def trigger(self, name: str, *, wait: bool) -> TriggeredRun:
@@ -66,7 +66,7 @@ class Operator:
         is refused, as a tick's is)."""
         parts = self._parts
         runner = parts.runner(name)
-        running = self._life.running
+        running = self._current.running
         if running is None or runner.stopping:
             raise NotRunningError(
                 f"cannot trigger {name!r}: the scheduler is not running (in tests, "
@@ -75,13 +75,16 @@ class Operator:
         if runner.busy:
             raise self._busy(runner)
         manual = Manual()
-        runner.in_flight = True  # no scheduled tick starts here meanwhile
+        runner.take(tick, manual)  # no scheduled tick starts here meanwhile
         fence: int | None = None
         if runner.leases is not None:
             claims = running.claims
             assert claims is not None
-            fence = await self._claim(runner, claims, tick, by_hand)
-        runner.due, runner.manual = tick, manual
+            try:
+                fence = await self._claim(runner, claims, tick, by_hand)
+            except BaseException:
+                runner.free()
+                raise
         runner.wake()
         claims = running.claims
         return TriggeredRun(
@@ -100,10 +103,7 @@ class Operator:
         """The fence of ``runner``'s claim of ``tick``, made now; else why not, raised."""
         name = runner.job.name
         claimed_at, sent = anyio.current_time(), claims.reading()
-        try:
-            fences = await claims.claim([(name, tick)], manual=by_hand)
-        finally:
-            runner.in_flight = False
+        fences = await claims.claim([(name, tick)], manual=by_hand)
         if isinstance(fences, StoreError):  # its text is the store's, free of secrets
             raise StoreError(f"cannot trigger {name!r}: {fences}; nothing ran") from fences
         if isinstance(fences, Exception):
@@ -123,12 +123,10 @@ class Operator:
             )
         if got is None:
             raise await self._held_elsewhere(name, tick)
-        if runner.busy or runner.stopping:  # the app began to stop while we claimed
+        if runner.stopping:  # the app began to stop while we claimed
             claims.release_soon(Ended(name, got, None, None, 0.0, 0, True))  # never ran
             raise NotRunningError(f"cannot trigger {name!r}: the app is stopping")
-        runner.fence = got
-        runner.claimed_at = claimed_at
-        runner.in_flight = True
+        runner.claimed(got, claimed_at)
         return got
 
     def _busy(self, runner: JobRunner) -> JobRunningError:
@@ -170,7 +168,7 @@ class Operator:
         if runner.busy:
             raise JobRunningError(name)
         if state is None:
-            running = self._life.running
+            running = self._current.running
             state = running.state if running is not None else {}
         elif not isinstance(state, Mapping):
             raise ConfigurationError(

@@ -82,7 +82,7 @@ class Pauses:
         paused_until = 0.0 if resume else math.inf if until is None else until
         verb = "resume" if resume else "pause"
         if store is None:
-            runner.paused_until = paused_until
+            runner.pause(paused_until)
         else:
             try:
                 # The store decides within its timeout and answers within twice
@@ -120,9 +120,7 @@ class Pauses:
         list keeps what it has (the reading may be older than the job's row)."""
         runners = self._parts.runners
         for runner in runners.values():
-            if runner.pause_unknown:  # the first reading since the start: now known
-                runner.pause_unknown = False
-                runner.paused_until = runner.job.declared_pause
+            runner.pause_read()  # the first reading since the start: now known
         for name, (until, version) in pauses.items():
             listed = runners.get(name)
             if listed is not None:
@@ -136,4 +134,5 @@ class Pauses:
     def _apply_one(self, runner: JobRunner, paused_until: float, version: int) -> None:
         name = runner.job.name
         if version > self._versions.get(name, -1):
-            runner.paused_until, self._versions[name] = paused_until, version
+            runner.pause(paused_until)
+            self._versions[name] = version

@@ -16,7 +16,7 @@ from .._control import check_limit
 from .._errors import StoreError
 from .._status import ClusterView, ErrorInfo, JobStatus, RunRecord
 from ..queues import handoff_key
-from .lifecycle import Life
+from .lifecycle import CurrentRun
 from .parts import Parts
 from .pauses import Pauses
 from .runner import JobRunner
@@ -27,9 +27,9 @@ __all__ = ["Reader"]
 class Reader:
     """What a scheduler's jobs are, were and did, as plain data."""
 
-    def __init__(self, parts: Parts, life: Life, pauses: Pauses) -> None:
+    def __init__(self, parts: Parts, current: CurrentRun, pauses: Pauses) -> None:
         self._parts = parts
-        self._life = life
+        self._current = current
         self._pauses = pauses
 
     def status(self) -> list[JobStatus]:
@@ -42,7 +42,7 @@ class Reader:
         """With a store: every job's last run across instances, and the instances
         seen recently. None without a store, or when the store is unreachable."""
         store = self._parts.store
-        if store is None or self._life.running is None:
+        if store is None or self._current.running is None:
             return None
         try:
             with anyio.fail_after(store.timeout):
@@ -69,7 +69,7 @@ class Reader:
         limit = check_limit(limit)
         store = parts.store
         if store is not None and runner.leases is not None:
-            if self._life.running is None:
+            if self._current.running is None:
                 raise StoreError("the store opens when the scheduler starts")
             try:
                 with anyio.fail_after(store.timeout):
@@ -93,7 +93,7 @@ class Reader:
         runners = {name: parts.runners[name] for name in names if name in parts.runners}
         claimed = [name for name, runner in runners.items() if runner.leases is not None]
         store = parts.store
-        if claimed and store is not None and self._life.running is not None:
+        if claimed and store is not None and self._current.running is not None:
             try:
                 with anyio.fail_after(store.timeout):
                     found.update(await store.recent_runs(claimed, limit))
@@ -123,7 +123,7 @@ class Reader:
         recorded: Mapping[tuple[str, float], str] = {}
         store = self._parts.store
         outbox = self._parts.capabilities.outbox
-        if store is not None and outbox is not None and self._life.running is not None:
+        if store is not None and outbox is not None and self._current.running is not None:
             try:
                 with anyio.fail_after(store.timeout):
                     recorded = await outbox.queue_ids([(n, t.timestamp()) for n, _, t in ok])

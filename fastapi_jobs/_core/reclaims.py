@@ -109,7 +109,7 @@ class Reclaims:
                             tick, _, _ = watched[runner.job.name]
                             self._watch(runner, tick, now + self._margin)
                         else:
-                            runner.in_flight = True
+                            runner.take(watched[runner.job.name][0])
                             free.append(runner)
                     if free:
                         await wake(await self.reclaim(free))
@@ -154,7 +154,7 @@ class Reclaims:
         finally:
             for runner in runners:
                 if runner not in won:
-                    runner.settle()
+                    runner.free()
 
     def _answered(
         self,
@@ -169,7 +169,8 @@ class Reclaims:
         name, lease = runner.job.name, self.store.lease
         if isinstance(got, int):
             self.forget(name)
-            runner.due, runner.fence, runner.claimed_at = tick, got, sent
+            runner.take(tick)
+            runner.claimed(got, sent)
             self.logger.info(
                 "job %r: tick %s was claimed by another instance and never released; "
                 "claimed again after its lease",

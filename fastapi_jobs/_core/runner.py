@@ -1,60 +1,227 @@
-"""The life of one job inside the scheduler: its task.
+"""One job in a running scheduler: `JobRunner`, which owns the job's state,
+its task and a tick's runs.
 
-The job's task parks until the dispatcher wakes it for a tick (see
-``_core.dispatcher``), runs the job, and parks again. A run is awaited in the task
-itself: ticks that come while it goes are dropped (and counted by the
-dispatcher), never queued, and no task is spawned per run.
+The dispatcher (``_core.dispatcher``) decides when a job is due and drops the
+ticks that come while it runs. It, and the sides that run a job by hand
+(``_core.manual_runs``, ``_backfill``), change a runner's state only through
+its named methods, which run once per job per tick and stay cheap:
 
-`JobRunner` is built in layers, one concern per module, each adding
-behaviour to the one below: the state the dispatcher reads and sets
-(``_core.runner_state``), one guarded run (``_core.attempt``), a tick's runs, claimed,
-retried and remembered (``_core.tick_runs``), and here the task that serves them.
-How a run ended is ``_results``'s.
+- `take` a tick (claiming, woken or running: no other tick starts meanwhile),
+- `claimed` (the claim won: its fence) or `lost` (held elsewhere),
+- `wake` the job's task for it, or `free` it (the tick will not run here),
+- `hold_over` a tick that came while a run goes (``overlap``),
+- `place` and `advance` on the job's schedule, `skipped` to count a tick.
+
+The job's task (`serve`) parks until woken, runs the tick's `attempts` (each a
+guarded run of ``_core.attempt``, the runner's collaborator), claimed ones under
+the claim's lease, renewed while it goes and released when it ends, and parks
+again. A run is awaited in the task itself: no task is spawned per run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from .._clock import Clock
 from .._errors import TickAheadError
-from .._results import Manual, Ran, RunResult
+from .._job import Job
+from .._policies import Jittered
+from .._redaction import error_line, error_shown
+from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
+from .._schedules import Every
+from .._status import JobStats
 from .._store import Ended
+from .attempt import run_once
 from .concurrency import is_cancellation
-from .runner_state import HISTORY, Dispatching, Spawning
-from .tick_runs import CUT_BEFORE_TICK, TickRuns, backoff
+from .history import History
+from .leases import Lease, LeaseKeeper
 
 if TYPE_CHECKING:
-    from .concurrency import TaskHandle
+    from .claims import Claims
+    from .concurrency import Gate, TaskHandle
+    from .observers import Observers
 
-# Also importable from here, where the scheduler and its integrations look.
-__all__ = [
-    "CUT_BEFORE_TICK",
-    "HISTORY",
-    "Dispatching",
-    "JobRunner",
-    "Manual",
-    "Ran",
-    "RunResult",
-    "Spawning",
-    "backoff",
-]
+__all__ = ["CUT_BEFORE_TICK", "HISTORY", "Dispatching", "JobRunner", "Spawning", "backoff"]
+
+_new = tuple.__new__
+_US = 1_000_000
+_GRIDS = (Every, Jittered)  # the schedules whose ticks step on a grid of integer µs
+
+HISTORY = 50
+"""Runs of each unclaimed job this process remembers, by default (``Scheduler(history=)``)."""
+
+CUT_BEFORE_TICK = 0.01
+"""A retry still going this long before the job's next tick is cut: the timer
+may fire a millisecond early, and must find the job free (an earlier deadline
+is handled first by the event loop, even one blocked past both)."""
 
 
-class JobRunner(TickRuns):
-    """Runs one job: when the dispatcher wakes it (`serve`), or now (`run`).
+def backoff(base: float, attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): ``base`` doubled each time,
+    between half of that and all of it (jitter, so that jobs failing together do
+    not retry together)."""
+    delay = base * 2.0 ** min(attempt - 1, 60)
+    return random.uniform(delay / 2, delay)
+
+
+class Dispatching(Protocol):
+    """What a job's task needs of the dispatcher (``_core.dispatcher.Dispatcher``)."""
+
+    def add(self, runner: JobRunner, tick: float) -> None: ...
+
+
+class Spawning(Protocol):
+    """What a runner needs of the owner of the jobs' tasks (``_core.tasks.JobTasks``)."""
+
+    def spawn(self, runner: JobRunner) -> None: ...
+
+
+class JobRunner:
+    """Runs one job: when the dispatcher wakes it (`serve`), or now (`attempts`).
 
     The dispatcher owns the schedule (when the job is due, ticks dropped while
-    it runs); the runner owns the job's task, which parks between runs, and
-    everything about one run: its claim's lease and release, its timeout, its
-    errors.
+    it runs); the runner owns the job's state, its task, which parks between
+    runs, and everything about one tick's runs: its claim's lease and release,
+    its retries, its history here.
     """
 
-    __slots__ = ()
+    __slots__ = (
+        "_catch_up",
+        "_claims",
+        "_gate",
+        "_handle",
+        "_keep",
+        "_logger",
+        "_retry_wait",
+        "_scope",
+        "_serving",
+        "_tasks",
+        "claimed_at",
+        "clock",
+        "due",
+        "fence",
+        "grid_us",
+        "grouped",
+        "history",
+        "in_flight",
+        "job",
+        "lease",
+        "leases",
+        "manual",
+        "observers",
+        "parent_logger",
+        "pause_unknown",
+        "paused_until",
+        "period_us",
+        "queued",
+        "replaced_by",
+        "retired",
+        "stats",
+        "stopping",
+        "store",
+        "thread_done",
+        "woken",
+    )
+
+    def __init__(
+        self,
+        job: Job,
+        clock: Clock,
+        logger: logging.Logger,
+        leases: LeaseKeeper | None = None,
+        keep: int = HISTORY,
+        observers: Observers | None = None,
+    ) -> None:
+        self.job = job
+        self.stats = JobStats()
+        self.leases = None if job.every_instance else leases
+        """Keeps the leases of claimed runs; None: every instance runs every tick."""
+        self.store = None if self.leases is None else self.leases.store
+        """Where ticks are claimed (the keeper's store), or None."""
+        self.clock = clock  # the clock the job ticks on (the database's time, with a store)
+        self.parent_logger = logger
+        self._logger: logging.Logger | None = None
+        self.observers = observers or None
+        """Told about runs and skips; None (not an empty one) when there are none."""
+        self._claims: Claims | None = None
+        self._tasks: Spawning | None = None
+        self._serving = False  # its task is made (and has not ended)
+        self._handle: TaskHandle | None = None  # its task, while it serves
+        self._gate: Gate | None = None  # what the parked task waits on
+        self.thread_done: threading.Event | None = None  # set when a sync run's thread returns
+        schedule = job.schedule
+        # Interval jobs step on their grid by integer microseconds; others (and
+        # subclasses, which may move their ticks) ask the schedule.
+        self.period_us = schedule.period_us if type(schedule) in _GRIDS else 0  # type: ignore[attr-defined]
+        self.grid_us = 0
+        self.retired = False
+        """Replaced by a runner of the job's changed schedule (made at run time),
+        which took over its stats: it ends after its run in flight."""
+        self.stopping = self.woken = False
+        self.in_flight = False
+        """A tick is taken for this job (claiming, woken or running): `take`."""
+        self.due = 0.0
+        """The tick of the run the task is woken for."""
+        self.fence: int | None = None
+        """The claim's fence of the tick taken, once `claimed`."""
+        self.claimed_at, self.grouped = 0.0, False  # grouped: see `arm`
+        self.manual: Manual | None = None
+        """The run asked for by hand that the task is woken for, if it is one."""
+        self.queued: float | None = None
+        """A tick that came during the run in flight, kept to run after it (`hold_over`)."""
+        self.replaced_by: float | None = None
+        """The tick that cancelled the run in flight (``overlap="replace"``)."""
+        self._scope: anyio.CancelScope | None = None  # a replaceable run's
+        self.paused_until = job.declared_pause
+        """Ticks before this instant are skipped as paused (inf: until resumed)."""
+        self.pause_unknown = False
+        """The store's pauses are not read yet (an every_instance job, which no
+        claim guards): its ticks are skipped (``paused_until`` is inf meanwhile)."""
+        # Made on the first run; claimed runs are in the store's history instead.
+        self.history: History | None = None
+        self._keep = keep
+        self._retry_wait: anyio.CancelScope | None = None  # a retry's wait, which stop() ends
+        self._catch_up: float | None = None  # the missed tick announced at start
+        self.lease: Lease | None = None  # the claimed run's, while it goes
+
+    @property
+    def logger(self) -> logging.Logger:
+        """``<scheduler logger>.<job name>``; made on first use (a logger per job
+        is a lasting entry in logging's registry)."""
+        if self._logger is None:
+            self._logger = self.parent_logger.getChild(self.job.name)
+        return self._logger
+
+    # -- its place among the scheduler's parts ---------------------------------
+
+    def arm(self, claims: Claims | None, tasks: Spawning) -> None:
+        """Make ready to serve (a scheduler can be started more than once)."""
+        self._claims, self._tasks = claims, tasks
+        job = self.job
+        if claims is not None and self.leases is not None and job.overlap == "replace":
+            claims.replacing.add(job.name)
+        if claims is not None and self.leases is not None and job.enqueue is not None:
+            claims.handing_off.add(job.name)
+        # Claimed with the set of jobs due at the same instant (``_core.claims``'s
+        # `instant`): a job claimed by tick, whose ticks never wait for a run
+        # (overlap "skip"), and that hands nothing off (the losers of its claim
+        # watch the tick, in case its claimer dies before handing it off).
+        self.grouped = (
+            claims is not None
+            and self.leases is not None
+            and job.overlap == "skip"
+            and job.enqueue is None
+        )
+        self.stopping = self.in_flight = self.woken = self._serving = False
+        self.fence = self._catch_up = self.queued = self.replaced_by = None
 
     def bind(self, handle: TaskHandle) -> None:
         """Give the runner the task that serves it (before the task runs)."""
@@ -64,6 +231,219 @@ class JobRunner(TickRuns):
     def task(self) -> asyncio.Task[Any] | None:
         """The asyncio task that serves the job, while it does (on asyncio)."""
         return None if self._handle is None else self._handle.task
+
+    def watched_by(self, observers: Observers) -> None:
+        """Tell ``observers`` about this job's runs and skips (none: if empty)."""
+        self.observers = observers or None
+
+    def take_over(self, old: JobRunner) -> None:
+        """Go on as ``old``'s job, under a changed schedule: its counts, its
+        history, its thread and an operator's pause are this runner's now; it
+        ends after its run in flight."""
+        self.stats, self.history, self.thread_done = old.stats, old.history, old.thread_done
+        if old.paused_until != old.job.declared_pause or old.pause_unknown:
+            # Paused or resumed by an operator (or not known yet): still so.
+            # Else the new spec's own default holds (``paused=`` changed).
+            self.paused_until, self.pause_unknown = old.paused_until, old.pause_unknown
+        old.retired = True  # its stats are this runner's from now on
+        old.stop()  # after its run in flight
+
+    # -- its pause ---------------------------------------------------------------
+
+    def pause(self, until: float) -> None:
+        """Skip the ticks before ``until`` (0: resumed; inf: until resumed)."""
+        self.paused_until = until
+
+    def pause_unread(self) -> None:
+        """The store's pauses are not read yet: skip every tick until they are
+        (an every_instance job, which no claim guards, fails closed)."""
+        self.pause_unknown, self.paused_until = True, float("inf")
+
+    def pause_read(self) -> None:
+        """The store's pauses were read: the job's own default holds, until a
+        row of the reading says otherwise."""
+        if self.pause_unknown:
+            self.pause_unknown = False
+            self.paused_until = self.job.declared_pause
+
+    # -- its schedule --------------------------------------------------------------
+
+    def first_tick(self, now: float) -> float | None:
+        """The tick the job is first due at when the scheduler starts at ``now``
+        (None if its schedule fails: logged, and the job does not tick)."""
+        job = self.job
+        try:
+            if job.run_on_startup:
+                # Claimed jobs run the current period's tick, so that instances
+                # starting together run it once between them.
+                return now if self.store is None else job.schedule.last_at_or_before(now)
+            return job.schedule.next_after(now)
+        except Exception as exc:  # noqa: BLE001 - a schedule of the user's
+            self.schedule_failed(exc)
+            return None
+
+    def place(self, tick: float) -> None:
+        """The job is due at ``tick``: `advance` steps on from there."""
+        if self.period_us:
+            self.grid_us = round(self.job.schedule.next_after(tick) * _US) - self.period_us
+
+    def advance(self, tick: float) -> float:
+        """The job's next tick after ``tick``, the instant it was due at."""
+        period = self.period_us
+        if period:
+            self.grid_us = grid = self.grid_us + period
+            return grid / _US
+        return self.job.schedule.next_after(tick)
+
+    def schedule_failed(self, exc: Exception) -> None:
+        """The job's schedule raised: the job stops ticking (the others go on)."""
+        self.stats.next_run_at = None
+        self.logger.error(
+            "job %r: its schedule failed (%r); the job stops ticking until the app restarts",
+            self.job.name,
+            exc,
+            exc_info=exc,
+            extra={"job": self.job.name},
+        )
+
+    def skip_missed(self, tick: float, now: float) -> tuple[float, float]:
+        """Late at ``now`` for ``tick``: count the ticks missed; the latest due
+        tick (to run) and the one after it."""
+        schedule = self.job.schedule
+        missed, latest = schedule.ticks_between(tick, now)
+        if tick == self._catch_up:
+            # The catch-up announced at start runs as announced, although the
+            # next tick came due before the loop got to it (a stall right
+            # after the announcement); the ticks due since count as missed.
+            self._catch_up = None
+            self.skipped("missed", schedule.next_after(tick), missed)
+            self.place(latest)
+            return tick, self.advance(latest)
+        self.skipped("missed", tick, missed)
+        self.place(latest)
+        return latest, self.advance(latest)
+
+    def skipped(self, reason: SkipReason, tick: float | None, count: int = 1) -> None:
+        """``count`` ticks (from ``tick``) did not run here, for ``reason``."""
+        if count <= 0:
+            return
+        self.stats.skip(reason, count)
+        if self.observers is not None:
+            self.observers.skipped(self.job.name, tick, reason, count)
+
+    # -- a tick: taken, claimed or lost, woken or freed ------------------------------
+
+    def take(self, tick: float, manual: Manual | None = None) -> None:
+        """Take ``tick`` for this job: no other tick starts here until it is
+        run or `free`. ``manual``: a run asked for by hand."""
+        self.due, self.in_flight = tick, True
+        if manual is not None:
+            self.manual = manual
+
+    def claimed(self, fence: int, at: float) -> None:
+        """The tick taken is claimed, with ``fence``; its lease counts from ``at``
+        (the loop's time the claim was sent)."""
+        self.fence, self.claimed_at = fence, at
+
+    def lost(self) -> None:
+        """The tick taken was claimed by another instance (or its previous one
+        is still held): freed, and counted. Every instance but one comes here for
+        every job of an instant, so the common case is short."""
+        if (
+            self.fence is None
+            and self.manual is None
+            and self.observers is None
+            and not self.stopping
+        ):
+            self.in_flight = self.woken = False
+            self.stats.skip("claimed_elsewhere", 1)
+            return
+        self.free()
+        self.skipped("claimed_elsewhere", self.due)
+
+    def wake(self) -> None:
+        """Run the job for `due` (with `fence` if claimed). Once
+        stopping, only a tick claimed before the stop runs (it is this instance's
+        to run), and only while the job's task still serves."""
+        if self.stopping and (self.fence is None or not self._serving):
+            self.free()
+            return
+        self.woken = True
+        gate = self._gate
+        if gate is not None:
+            self._gate = None
+            gate.set_result(None)
+        elif not self._serving:
+            # First due: the job gets its task now (it sees `woken` and runs).
+            self._serving = True
+            assert self._tasks is not None
+            self._tasks.spawn(self)
+
+    def free(self, *, cancel: bool = True) -> None:
+        """The tick taken for this job will not run here: free the job again
+        (and release the claim made for it, if any); if stopping, end its task
+        (unless ``cancel`` is false: the task itself is ending)."""
+        self.in_flight = self.woken = False
+        manual = self.manual
+        if manual is not None:
+            self.manual = None
+            manual.done.set()  # never ran: its ran stays None
+        fence = self.fence
+        if fence is not None:
+            self.fence = None
+            assert self._claims is not None
+            # Never ran, so no run is recorded: this line is the claim's only trace.
+            self.logger.info(
+                "job %r: tick %s (fence %d) was claimed as the app stopped; released "
+                "without running",
+                self.job.name,
+                datetime.fromtimestamp(self.due, UTC).isoformat(),
+                fence,
+                extra={"job": self.job.name},
+            )
+            self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
+        if cancel and self.stopping and self._handle is not None:
+            self._handle.cancel()
+
+    def hold_over(self, tick: float) -> bool:
+        """``tick`` came while the job is busy: keep it to run after the run in
+        flight, as the job's ``overlap`` says; False if it is dropped. Only a run
+        that goes in the job's task is followed (not a claim on its way, nor a
+        thread left running after its run was cut)."""
+        if not self.stats.running or self.stopping or self._handle is None:
+            return False
+        if self.job.overlap == "queue_one":
+            if self.queued is not None:
+                return False  # one is kept already
+            self.queued = tick
+            return True
+        if self.queued is not None:  # replace: the newest tick replaces a kept one too
+            self.skipped("overlap", self.queued)
+        self.queued = tick
+        if self.replaced_by is None and self._scope is not None:
+            self.replaced_by = tick
+            self._scope.cancel()
+        return True
+
+    def drop_held_over(self) -> None:
+        """The tick kept for after the run will not run (the app stops): counted."""
+        if self.queued is not None:
+            self.skipped("overlap", self.queued)
+            self.queued = self.replaced_by = None
+
+    @property
+    def busy(self) -> bool:
+        """A run is taken or going, or the thread of an earlier one has not returned."""
+        done = self.thread_done
+        return self.in_flight or self.stats.running or (done is not None and not done.is_set())
+
+    @property
+    def thread_running(self) -> bool:
+        """A thread of this job runs on after its run was cut or abandoned."""
+        done = self.thread_done
+        return not self.stats.running and done is not None and not done.is_set()
+
+    # -- its task ------------------------------------------------------------------
 
     async def serve(self, state: Mapping[str, Any], dispatcher: Dispatching) -> None:
         """The job's task: park until woken, run, and again, until `stop`."""
@@ -75,7 +455,7 @@ class JobRunner(TickRuns):
                 # Needs a round trip to the store: here, not in the scheduler's start.
                 first = self._catch_up = await self._missed_tick(self.job.catch_up)
                 if first is None:
-                    first = self.first_tick(self._clock.now())
+                    first = self.first_tick(self.clock.now())
                 if first is not None:
                     dispatcher.add(self, first)
             replaceable = self.job.overlap == "replace"
@@ -85,24 +465,15 @@ class JobRunner(TickRuns):
                     await gate
                 self.woken = False
                 if self.stopping and self.fence is None:
-                    self.settle(cancel=False)  # woken just before the stop: no new run
+                    self.free(cancel=False)  # woken just before the stop: no new run
                     break
                 manual, fence = self.manual, self.fence
-                ran: Ran | None = None
+                ran: RunEnd | None = None
                 try:
                     if replaceable:
                         ran = await self._replaceable(fence, state, manual)
                     elif fence is None:
-                        # self.attempts(), inlined: the hot path of a run.
-                        tick = self.due
-                        ran = await self.run(tick, state, manual=manual is not None)
-                        if ran.outcome != "ok" and self.job.retries:
-                            ran = await self._retry(ran, tick, state, manual is not None, None)
-                        history = self.history
-                        if history is not None:
-                            history.add(tick, ran, manual is not None)
-                        else:
-                            self._remember(tick, manual, ran)
+                        ran = await self.attempts(self.due, state, manual)
                     else:
                         self.fence = None
                         ran = await self._run_claimed(fence, state, manual)
@@ -114,25 +485,199 @@ class JobRunner(TickRuns):
                         manual.done.set()
                 ran = manual = None  # else kept alive while parked (~0.1 KiB a job)
                 if self.queued is not None:
-                    await self._run_kept()
+                    await self._run_held_over()
         except BaseException as exc:
             if not (self.stopping and is_cancellation(exc)):
                 raise  # a cancellation from outside is never swallowed
             # Our own stop() or cut(): the task ends quietly.
         finally:
-            self.drop_kept()  # behind a run that the stop cut
+            self.drop_held_over()  # behind a run that the stop cut
             self._handle = self._gate = None
             self._serving = False
             if not self.retired:  # else its stats are its successor's
                 self.stats.next_run_at = None
 
+    def stop(self) -> None:
+        """Stop: at once if idle, else after the run in flight (with no more retries)."""
+        self.stopping = True
+        if self._retry_wait is not None:
+            self._retry_wait.cancel()
+        if not self.in_flight and self._handle is not None:
+            self._handle.cancel()
+
+    def cut(self) -> None:
+        """Cancel the run in flight (shutdown deadline passed)."""
+        if self._handle is not None:
+            self._handle.cancel()
+
+    # -- a tick's runs -----------------------------------------------------------------
+
+    async def attempts(
+        self,
+        tick: float,
+        state: Mapping[str, Any],
+        asked: Manual | None = None,
+        fence: int | None = None,
+        started: float | None = None,
+    ) -> RunEnd:
+        """Run the job for ``tick``, tried again on failure as the job says
+        (``retries``), and remember how the tick went (`history`; a claimed
+        run, with ``fence``, is in the store's). ``asked``: the run was asked
+        for by hand. The one body of a tick's runs: every run comes here."""
+        manual = asked is not None
+        ran = await run_once(self, tick, state, manual, fence, started)
+        if ran.outcome != "ok" and self.job.retries:
+            ran = await self._retry(ran, tick, state, manual, fence)
+        if fence is None:
+            history = self.history
+            if history is None:
+                if not self._keep:
+                    return ran
+                history = self.history = History(self._keep)
+            history.add(tick, ran, manual)
+        return ran
+
+    async def _retry(
+        self, ran: RunEnd, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
+    ) -> RunEnd:
+        job, clock, name = self.job, self.clock, self.job.name
+        first, attempt = ran.started, 1
+        # No retry runs past the job's next tick, which runs as usual (also where
+        # nothing ticks: the CLI's run). A retry starts only if it would end in
+        # time at the pace of the attempt that failed, and an async one still
+        # going is cut just before the tick (so the tick finds the job free).
+        limit = self._next_tick(tick)
+        cut = None if limit is None else limit - CUT_BEFORE_TICK
+        while attempt <= job.retries and ran.outcome != "ok":
+            if ran.outcome == "cancelled" or (
+                ran.outcome == "timed_out" and not job.retry_timeouts
+            ):
+                break
+            extra = {"job": name, "attempt": attempt}
+            if self.stopping:
+                self.logger.warning("job %r: not retried, the app is stopping", name, extra=extra)
+                break
+            at = clock.now() + backoff(job.retry_backoff, attempt)
+            if cut is not None and at + ran.duration >= cut:
+                self._retry_dropped(attempt, limit)
+                break
+            self.logger.warning(
+                "job %r: attempt %d failed; retry %d of %d in %.3gs",
+                name,
+                attempt,
+                attempt,
+                job.retries,
+                at - clock.now(),
+                extra=extra,
+            )
+            try:
+                with anyio.CancelScope() as self._retry_wait:
+                    await clock.sleep_until(at)
+            finally:
+                self._retry_wait = None
+            if self.stopping:
+                break  # stop() cancelled the wait: the app is stopping
+            if cut is not None and clock.now() >= cut:  # the wait ran late
+                self._retry_dropped(attempt, limit)
+                break
+            attempt += 1
+            self.stats.retries += 1
+            ran = await run_once(self, tick, state, manual, fence, None, attempt, cut)
+        finished = self.stats.last_finished_at or first
+        duration = finished - first if finished > first else 0.0
+        return _new(RunEnd, (ran.outcome, ran.error, duration, first, attempt))
+
+    def _next_tick(self, tick: float) -> float | None:
+        try:
+            return self.job.schedule.next_after(tick)
+        except Exception:  # noqa: BLE001 - the schedule's failure is the loop's to report
+            return None
+
+    def _retry_dropped(self, attempt: int, limit: float | None) -> None:
+        self.logger.warning(
+            "job %r: retry %d of %d dropped: it would not end before the job's next tick "
+            "(%s), which runs as usual",
+            self.job.name,
+            attempt,
+            self.job.retries,
+            "?" if limit is None else datetime.fromtimestamp(limit, UTC).isoformat(),
+            extra={"job": self.job.name, "attempt": attempt},
+        )
+
+    async def _run_claimed(
+        self, fence: int, state: Mapping[str, Any], manual: Manual | None
+    ) -> RunEnd | None:
+        """Run the tick claimed for this job, under a renewed lease; release it.
+        How it ended, or None if the run was cancelled (a lost lease)."""
+        leases, claims, name = self.leases, self._claims, self.job.name
+        assert leases is not None and claims is not None
+        started = self.clock.now()
+        ran: RunEnd | None = None  # None: cancelled
+        handle = self._handle
+        assert handle is not None, "a claimed run is run by the job's task"
+        # A lost lease cancels the job's task where that can be taken back
+        # (asyncio: cheaper than a scope per run), the run's own scope elsewhere.
+        scope = anyio.CancelScope() if handle.scoped else None
+        cancel = handle.cancel if scope is None else scope.cancel
+        lease = self.lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
+        past = self.due if manual is not None and manual.past else None
+        try:
+            if scope is None:
+                ran = await self.attempts(self.due, state, manual, fence, started)
+            else:
+                with scope:  # absorbs the cancellation of a lost lease
+                    ran = await self.attempts(self.due, state, manual, fence, started)
+        except BaseException as exc:
+            if lease.lost is None or self.stopping or not is_cancellation(exc):
+                raise
+        finally:
+            leases.end(lease)
+            self.lease = None
+            if lease.lost is not None:
+                if scope is None:
+                    handle.uncancel()  # the keeper's cancel is spent
+                if not lease.told:
+                    self._lost_between_attempts(lease)
+            # Cut at shutdown while its thread goes on, the claim stays held until
+            # the lease runs out, so that no peer starts the job beside the thread.
+            elif self.thread_done is None or not self.thread_running:
+                if ran is None:
+                    ended = self._cancelled(fence, started, manual is not None, past)
+                else:
+                    ended = ran.release(name, fence, manual is not None, past)
+                claims.release_soon(ended)
+        return ran
+
+    def _cancelled(self, fence: int, started: float, manual: bool, past: float | None) -> Ended:
+        """The release of a claimed run cancelled from outside (the app's stop,
+        or a newer tick that replaced it)."""
+        duration = max(0.0, self.clock.now() - started)
+        by = self.replaced_by  # else cut by the app's stop
+        error = None if by is None else error_line(*error_shown(replaced(by)))
+        return _new(Ended, (self.job.name, fence, "cancelled", error, duration, 1, manual, past))
+
+    def _lost_between_attempts(self, lease: Lease) -> None:
+        """The lease was lost while no attempt ran (waiting to retry): no run to
+        record, and no more retries."""
+        lease.told = True
+        name = self.job.name
+        if self.observers is not None:
+            self.observers.lost(name, lease.fence, lease.lost or "")
+        self.stats.last_error = lease_lost(lease.lost or "", while_running=False)
+        self.logger.error(
+            "job %r lost its lease (%s) while waiting to retry: no more retries",
+            name,
+            lease.lost,
+            extra={"job": name},
+        )
+
     async def _replaceable(
         self, fence: int | None, state: Mapping[str, Any], manual: Manual | None
-    ) -> Ran | None:
+    ) -> RunEnd | None:
         """A run of an ``overlap="replace"`` job: in a scope that a newer tick
-        cancels (`keep`); how it ended (cancelled by that tick: replaced)."""
+        cancels (`hold_over`); how it ended (cancelled by that tick: replaced)."""
         tick = self.due
-        ran: Ran | None = None
+        ran: RunEnd | None = None
         try:
             with anyio.CancelScope() as self._scope:
                 if fence is None:
@@ -153,11 +698,14 @@ class JobRunner(TickRuns):
             # Recorded by the guarded run; remembered in this process's history too.
             stats = self.stats
             duration, started = stats.last_duration or 0.0, stats.last_started_at or 0.0
-            ran = Ran("cancelled", stats.last_error, duration, started, 1)
-            self._remember(tick, manual, ran)
+            ran = RunEnd("cancelled", stats.last_error, duration, started, 1)
+            if self._keep:
+                if self.history is None:
+                    self.history = History(self._keep)
+                self.history.add(tick, ran, manual is not None)
         return ran
 
-    async def _run_kept(self) -> None:
+    async def _run_held_over(self) -> None:
         """Run the tick kept during the run that just ended (``queue_one``, or
         the tick that replaced it): now, claimed first with a store (the release
         of the run before goes first: ``_core.claims``). Dropped if the app stops."""
@@ -191,20 +739,6 @@ class JobRunner(TickRuns):
         else:
             self.skipped("store_unavailable", tick)  # logged by claim()
 
-    def first_tick(self, now: float) -> float | None:
-        """The tick the job is first due at when the scheduler starts at ``now``
-        (None if its schedule fails: logged, and the job does not tick)."""
-        job = self.job
-        try:
-            if job.run_on_startup:
-                # Claimed jobs run the current period's tick, so that instances
-                # starting together run it once between them.
-                return now if self.store is None else job.schedule.last_at_or_before(now)
-            return job.schedule.next_after(now)
-        except Exception as exc:  # noqa: BLE001 - a schedule of the user's
-            self.schedule_failed(exc)
-            return None
-
     async def _missed_tick(self, deadline: float) -> float | None:
         """After downtime, the latest missed tick if it is within ``deadline``."""
         assert self.store is not None
@@ -223,7 +757,7 @@ class JobRunner(TickRuns):
             return None  # first deploy: nothing was missed
         # The time after the read: a slow store's round trip would otherwise
         # announce a tick that is no longer the latest.
-        now = self._clock.now()
+        now = self.clock.now()
         missed, latest = self.job.schedule.ticks_between(last, now)
         if not missed:
             return None
@@ -240,16 +774,3 @@ class JobRunner(TickRuns):
             extra={"job": self.job.name},
         )
         return latest
-
-    def stop(self) -> None:
-        """Stop: at once if idle, else after the run in flight (with no more retries)."""
-        self.stopping = True
-        if self._retry_wait is not None:
-            self._retry_wait.cancel()
-        if not self.in_flight and self._handle is not None:
-            self._handle.cancel()
-
-    def cut(self) -> None:
-        """Cancel the run in flight (shutdown deadline passed)."""
-        if self._handle is not None:
-            self._handle.cancel()

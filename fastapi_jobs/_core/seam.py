@@ -21,15 +21,16 @@ from .._control import TriggeredRun
 from .._dynamic.book import ScheduleBook
 from .._dynamic.stored import StoredSchedule
 from .._job import Job
+from .._results import RunResult
 from .._schedules import Schedule
 from .._status import ClusterView, JobStatus, PauseState, RunRecord
 from .._store import Store
-from .lifecycle import Life, app_state
+from .lifecycle import CurrentRun, app_state
 from .manual_runs import Operator
 from .parts import Parts
 from .pauses import Pauses
 from .reader import Reader
-from .runner import JobRunner, RunResult
+from .runner import JobRunner
 
 __all__ = ["Seam"]
 
@@ -40,7 +41,7 @@ class Seam:
     def __init__(
         self,
         parts: Parts,
-        life: Life,
+        current: CurrentRun,
         reader: Reader,
         operator: Operator,
         pauses: Pauses,
@@ -51,7 +52,7 @@ class Seam:
         """The scheduler's backfills (`Scheduler.backfill` and the control
         router's endpoint share them)."""
         self._parts = parts
-        self._life = life
+        self._current = current
         self._reader = reader
         self._operator = operator
         self._pauses = pauses
@@ -62,7 +63,7 @@ class Seam:
     @property
     def running(self) -> bool:
         """Whether the scheduler runs now (inside ``running()``)."""
-        return self._life.running is not None
+        return self._current.running is not None
 
     @property
     def store(self) -> Store | None:

@@ -3,7 +3,7 @@
 The book keeps the functions schedules may name (``Scheduler.task``) and every
 stored schedule this instance knows of; the ones it can run become jobs like
 declared ones (``_dynamic.jobs``: claims, pauses, retries, history, status,
-metrics and the page treat them as any other; reading the store: ``_dynamic.reading``).
+metrics and the page treat them as any other; reading the store: ``_dynamic.changes``).
 With a store, the store's table is the truth: a
 change is written there first, applied here at once, and read by the other
 instances at their next heartbeat (`sync`: the rows changed since the last
@@ -24,7 +24,7 @@ import anyio
 
 from .._checks import check_name
 from .._core.declarations import RESERVED
-from .._core.lifecycle import Life
+from .._core.lifecycle import CurrentRun
 from .._core.parts import Parts
 from .._core.pauses import Pauses
 from .._core.startup import warn_if_in_several_processes
@@ -38,8 +38,8 @@ from .._errors import (
 from .._schedules import Schedule
 from .._status import ErrorInfo
 from .._store import ScheduleRow
+from .changes import ScheduleChanges
 from .jobs import StoredJobs
-from .reading import ScheduleReading
 from .stored import (
     StoredSchedule,
     Task,
@@ -58,18 +58,18 @@ _CHANGE_WAIT = 3
 _TRIES = 3
 
 
-class ScheduleBook(ScheduleReading):
+class ScheduleBook(ScheduleChanges):
     """The functions schedules may name, and the stored schedules of one scheduler."""
 
-    def __init__(self, parts: Parts, life: Life, pauses: Pauses) -> None:
+    def __init__(self, parts: Parts, current: CurrentRun, pauses: Pauses) -> None:
         self._parts = parts
-        self._life = life
+        self._current = current
         self._pauses = pauses
         self.tasks: dict[str, tuple[Task, bool]] = {}
         """By name: the function, and whether it takes the run's context."""
         self.schedules: dict[str, StoredSchedule] = {}
         """Every stored schedule this instance knows of, run here or not."""
-        self._jobs = StoredJobs(parts, life, pauses.forget_one)  # of the ones run here
+        self._jobs = StoredJobs(parts, current, pauses.forget_one)  # of the ones run here
         self._seen = 0  # the highest version read from the store
         self._read_at = 0  # when the last read of the changes began (µs, database's time)
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once
@@ -170,7 +170,7 @@ class ScheduleBook(ScheduleReading):
             )
         table = self._table
         for _ in range(_TRIES):
-            current = await self._current(name)
+            current = await self._live_schedule(name)
             new_task, spec = self._check(
                 name,
                 current.task if task is None else task,
@@ -227,7 +227,7 @@ class ScheduleBook(ScheduleReading):
                 await self._read_all(table)
         return sorted(self.schedules.values(), key=lambda s: s.name)
 
-    async def _current(self, name: str) -> StoredSchedule:
+    async def _live_schedule(self, name: str) -> StoredSchedule:
         table = self._table
         if table is None:
             found = self.schedules.get(name)

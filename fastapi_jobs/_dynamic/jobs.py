@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from .._core.declarations import check_catch_up
-from .._core.lifecycle import Life
+from .._core.lifecycle import CurrentRun
 from .._core.parts import Parts
 from .._core.runner import JobRunner
 from .._job import Job
@@ -26,9 +26,11 @@ __all__ = ["StoredJobs"]
 class StoredJobs:
     """The runners of the stored schedules run here, by name."""
 
-    def __init__(self, parts: Parts, life: Life, forget_pause: Callable[[str], None]) -> None:
+    def __init__(
+        self, parts: Parts, current: CurrentRun, forget_pause: Callable[[str], None]
+    ) -> None:
         self._parts = parts
-        self._life = life
+        self._current = current
         self._forget_pause = forget_pause
         self._runners: dict[str, JobRunner] = {}
 
@@ -48,23 +50,16 @@ class StoredJobs:
     def install(self, job: Job, version: int) -> None:
         """Run ``job`` here from now on, in place of its schedule's job before."""
         parts = self._parts
-        runner = JobRunner(job, parts.ticking, parts.logger, parts.leases, parts.history)
-        runner.observers = parts.observers or None
+        runner = JobRunner(
+            job, parts.ticking, parts.logger, parts.leases, parts.history, parts.observers
+        )
         old = self._runners.get(job.name)
         if old is None:
             self._forget_pause(job.name)  # the store's pause of the name applies anew
         else:
             # The schedule's job goes on, under its new spec: its counts, its
-            # history and its pause are the same job's.
-            runner.stats, runner.history, runner.thread_done = (
-                old.stats,
-                old.history,
-                old.thread_done,
-            )
-            if old.paused_until != old.job.declared_pause or old.pause_unknown:
-                # Paused or resumed by an operator (or not known yet): still so.
-                # Else the new spec's own default holds (``paused=`` changed).
-                runner.paused_until, runner.pause_unknown = old.paused_until, old.pause_unknown
+            # history and its pause are the same job's (the old ends after its run).
+            runner.take_over(old)
         self._runners[job.name] = parts.runners[job.name] = runner
         if runner.leases is not None and parts.capabilities.schedules is not None:
             # Its claims carry the version (a store without a schedules table,
@@ -72,10 +67,7 @@ class StoredJobs:
             parts.versions[job.name] = version
         else:
             parts.versions.pop(job.name, None)
-        if old is not None:
-            old.retired = True  # its stats are the new runner's from now on
-            old.stop()  # after its run in flight
-        running = self._life.running
+        running = self._current.running
         if running is not None:
             running.adopt(runner)
 
@@ -87,6 +79,6 @@ class StoredJobs:
         self._parts.runners.pop(name, None)
         self._parts.versions.pop(name, None)
         old.stop()  # after its run in flight
-        running = self._life.running
+        running = self._current.running
         if running is not None:
             running.let_go()

@@ -75,10 +75,10 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from .._errors import ConfigurationError, short
 from .._scheduler import Scheduler, seam_of
 from .._status import ClusterView
-from ._families import Family, MetricSink, TextSink, header
-from ._figures import Figures, Row, Snapshot
 from ._recorders import DURATION_BUCKETS, LATENESS_BUCKETS, Counting, Recorder
+from ._rows import JobRows, Row, Snapshot
 from ._scrape import Exposition, forget_dead_processes
+from ._sinks import Family, MetricSink, TextSink, header
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -168,7 +168,7 @@ class Metrics:
         # In multiprocess mode prometheus_client's metrics live in its files, which
         # its collector reads (so they are registered nowhere); else, our arrays.
         self._recorder = None if self.multiprocess else Recorder(histograms_by_job)
-        self._figures = Figures(seam, self._recorder, histograms_by_job)
+        self._rows = JobRows(seam, self._recorder, histograms_by_job)
         try:
             registry.register(self)
         except ValueError as exc:
@@ -251,7 +251,7 @@ class Metrics:
                 self._wanted = wanted = anyio.Event()
                 scraped = time.monotonic() - self._scraped_at < LINGER
                 # Not scraped lately: read at the heartbeat's pace, so that a
-                # first scrape (or one every few minutes) is not served old figures.
+                # first scrape (or one every few minutes) is not served old table.
                 with anyio.move_on_after(self.max_age if scraped else self._idle):
                     await wanted.wait()
                 await self.refresh()
@@ -300,21 +300,21 @@ class Metrics:
         under ``headers(family)``), written on the event loop, which runs its
         other work every ``TURN`` seconds of writing."""
         self._scraped()
-        figures = self._figures
-        sink = TextSink(figures.families, headers)
-        snapshot = figures.snapshot(self._view, self._store_up)
-        figures.emit_process(snapshot, sink)
+        table = self._rows
+        sink = TextSink(table.families, headers)
+        snapshot = table.snapshot(self._view, self._store_up)
+        table.emit_process(snapshot, sink)
         runners = self._seam.runners()
         turn = time.perf_counter() + TURN
         for start in range(0, len(runners), STRIDE):
-            figures.emit_jobs(figures.rows(runners[start : start + STRIDE]), snapshot.view, sink)
+            table.emit_jobs(table.rows(runners[start : start + STRIDE]), snapshot.view, sink)
             if time.perf_counter() >= turn:
                 await anyio.lowlevel.checkpoint()
                 turn = time.perf_counter() + TURN
         if snapshot.view is not None and self.scheduler.store is not None:
             jobs = list(snapshot.view.jobs.items())
             for start in range(0, len(jobs), STRIDE):
-                figures.emit_cluster_jobs(jobs[start : start + STRIDE], sink)
+                table.emit_cluster_jobs(jobs[start : start + STRIDE], sink)
                 if time.perf_counter() >= turn:
                     await anyio.lowlevel.checkpoint()
                     turn = time.perf_counter() + TURN
@@ -333,7 +333,7 @@ class Metrics:
     # -- prometheus_client's collector protocol -----------------------------
 
     def describe(self) -> Iterator[Metric]:
-        return iter(MetricSink(self._figures.families).metrics.values())
+        return iter(MetricSink(self._rows.families).metrics.values())
 
     def collect(self) -> Iterator[Metric]:
         if getattr(self._local, "quiet", False):
@@ -348,15 +348,15 @@ class Metrics:
 
     def _copy(self) -> tuple[Snapshot, list[Row]]:
         self._scraped()
-        figures = self._figures
-        snapshot = figures.snapshot(self._view, self._store_up)
-        return snapshot, figures.rows(self._seam.runners())
+        table = self._rows
+        snapshot = table.snapshot(self._view, self._store_up)
+        return snapshot, table.rows(self._seam.runners())
 
     def _metrics(self, snapshot: Snapshot, rows: list[Row]) -> Iterator[Metric]:
-        figures = self._figures
-        sink = MetricSink(figures.families)
-        figures.emit_process(snapshot, sink)
-        figures.emit_jobs(rows, snapshot.view, sink)
+        table = self._rows
+        sink = MetricSink(table.families)
+        table.emit_process(snapshot, sink)
+        table.emit_jobs(rows, snapshot.view, sink)
         if snapshot.view is not None and self.scheduler.store is not None:
-            figures.emit_cluster_jobs(list(snapshot.view.jobs.items()), sink)
+            table.emit_cluster_jobs(list(snapshot.view.jobs.items()), sink)
         return iter(sink.metrics.values())

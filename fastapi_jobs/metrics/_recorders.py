@@ -10,7 +10,7 @@ from bisect import bisect_left
 from prometheus_client import Counter, Gauge, Histogram, Summary
 
 from .._core.observers import RunFinished, RunStarted, TickSkipped
-from ._families import PREFIX
+from ._sinks import PREFIX
 
 __all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "Counting", "Recorder", "Series"]
 

@@ -90,11 +90,11 @@ async def test_changes_are_read_from_a_version_on(database_url: str) -> None:
 # -- two schedulers on one database ----------------------------------------------
 
 
-Ran = Counter[tuple[str, float]]
+Runs = Counter[tuple[str, float]]
 """Runs by (tenant, tick as POSIX seconds)."""
 
 
-def instance(url: str, ran: Ran, *, task: bool = True) -> Scheduler:
+def instance(url: str, ran: Runs, *, task: bool = True) -> Scheduler:
     # From the URL: the store owns the engine, and disposes of it when it closes.
     store = SQLAlchemyStore(url, heartbeat=HEARTBEAT, lease=10, timeout=2)
     scheduler = Scheduler(store=store, shutdown_timeout=5)
@@ -127,7 +127,7 @@ _AFTER = 0.2
 async def test_a_schedule_made_on_one_instance_runs_once_per_tick_on_both(
     database_url: str,
 ) -> None:
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     a, b = instance(database_url, ran), instance(database_url, ran)
     async with running(a, b):
         await a.add_schedule("acme", "report", Every(seconds=0.5), kwargs={"tenant": "acme"})
@@ -147,7 +147,7 @@ async def test_a_schedule_made_on_one_instance_runs_once_per_tick_on_both(
 
 
 async def test_schedules_are_back_after_every_instance_restarts(database_url: str) -> None:
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     a = instance(database_url, ran)
     async with running(a):
         await a.add_schedule("kept", "report", Every(hours=1), kwargs={"tenant": "k"}, retries=2)
@@ -164,7 +164,7 @@ async def test_schedules_are_back_after_every_instance_restarts(database_url: st
 async def test_an_instance_without_the_task_leaves_the_schedule_alone(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     new, old = instance(database_url, ran), instance(database_url, ran, task=False)
     caplog.set_level(logging.WARNING, logger="fastapi_jobs")
     async with running(new, old):
@@ -249,7 +249,7 @@ async def test_a_store_without_the_table_runs_and_refuses_schedules_saying_why(
         await store.claim([("warm", 1.0)])  # tables made
         async with engine.begin() as conn:
             await conn.execute(sa.text("DROP TABLE fastapi_jobs_schedules"))
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     scheduler = Scheduler(
         store=SQLAlchemyStore(database_url, create_tables=False, heartbeat=HEARTBEAT)
     )
@@ -344,7 +344,7 @@ async def test_a_removal_repeated_where_the_first_is_not_heard_of_yet_says_so(
     """A removes 't1'; B, whose heartbeat has not read that yet, is asked to
     remove it too: not found, and the answer does not list 't1' among the
     schedules it says there are."""
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     a = instance(database_url, ran)
     b = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=60, lease=10, timeout=2))
 
@@ -369,7 +369,7 @@ async def test_a_spec_this_release_cannot_read_is_listed_and_left_alone(
     not deleted, said once."""
     async with opened(database_url) as (store, _):
         await store.schedules.create("newer", "report", '{"schedule":{"weekly":1},"kwargs":{}}')
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     scheduler = instance(database_url, ran)
     caplog.set_level(logging.WARNING, logger="fastapi_jobs")
     async with running(scheduler):
@@ -390,7 +390,7 @@ async def test_a_row_whose_kwargs_are_not_text_cannot_fail_the_listing(database_
         spec = '{"schedule":{"every":3600,"offset":0},"kwargs":{"tenant":"a\\ud800b"}}'
         await store.schedules.create("odd", "report", spec)
         await store.schedules.create("newer", "report", '{"schedule":{"weekly":1},"kwargs":{}}')
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     scheduler = instance(database_url, ran)
     async with running(scheduler):
         await scheduler.add_schedule("fine", "report", Every(hours=1), kwargs={"tenant": "ü"})
@@ -412,7 +412,7 @@ async def test_arguments_this_releases_task_does_not_take_leave_the_schedule_alo
 ) -> None:
     """A release whose task renamed a parameter: the schedules made for the old
     one are left alone (said why), not run to fail at every tick."""
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     old = instance(database_url, ran)
     async with running(old):
         await old.add_schedule("r", "report", Every(hours=1), kwargs={"tenant": "a"})
@@ -434,7 +434,7 @@ async def test_an_instance_acts_on_a_schedule_made_elsewhere_before_its_heartbea
 ) -> None:
     """A pause or a trigger of a name another instance just made reads the changes
     first: no 404 for a heartbeat's time."""
-    ran: Ran = Counter()
+    ran: Runs = Counter()
     a = instance(database_url, ran)
     b = Scheduler(store=SQLAlchemyStore(database_url, heartbeat=60))
 

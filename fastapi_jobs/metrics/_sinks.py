@@ -1,6 +1,6 @@
 """The metrics' families, and the two ways their samples are written down.
 
-The figures are emitted once (``_figures.py``), into one of two sinks:
+The figures are emitted once (``_rows.py``), into one of two sinks:
 
 * ``MetricSink`` makes prometheus_client's ``Metric`` families, for whatever
   renders the registry (``generate_latest``, ``make_asgi_app``, a thread of

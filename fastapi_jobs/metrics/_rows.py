@@ -1,7 +1,7 @@
 """What a scrape shows of a scheduler: each job's numbers, copied on the event
 loop in one go (a ``Row``: the scheduler changes them on the loop, and a
 family's samples must agree with each other), then emitted into a sink
-(``metrics._families``) in prometheus_client's order of families."""
+(``metrics._sinks``) in prometheus_client's order of families."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from .._core.runner import JobRunner
 from .._core.seam import Seam
 from .._schedules import Every
 from .._status import ClusterJobStatus, ClusterView
-from ._families import (
+from ._recorders import DURATIONS, LATENESS, Recorder, Series
+from ._sinks import (
     CLUSTER_RUNNING,
     HAND_OFF,
     INSTANCES,
@@ -34,9 +35,8 @@ from ._families import (
     MetricSink,
     TextSink,
 )
-from ._recorders import DURATIONS, LATENESS, Recorder, Series
 
-__all__ = ["Figures", "Row", "Snapshot"]
+__all__ = ["JobRows", "Row", "Snapshot"]
 
 OUTCOMES = ("ok", "failed", "timed_out", "cancelled")
 Sink = MetricSink | TextSink
@@ -73,7 +73,7 @@ class Snapshot(NamedTuple):
     store_up: bool | None
 
 
-class Figures:
+class JobRows:
     """The families of one scheduler's metrics, and how its state fills them."""
 
     def __init__(self, seam: Seam, recorder: Recorder | None, histograms_by_job: bool) -> None:

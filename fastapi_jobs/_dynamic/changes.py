@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import anyio
 
-from .._core.lifecycle import Life
+from .._core.lifecycle import CurrentRun
 from .._core.parts import Parts
 from .._errors import ConfigurationError
 from .._schedules import Schedule
@@ -23,7 +23,7 @@ from .._store import ScheduleRow, ScheduleTable
 from .jobs import StoredJobs
 from .stored import StoredSchedule, Task, check_kwargs, decode
 
-__all__ = ["READ_ALL_EVERY", "UNREADABLE", "ScheduleReading"]
+__all__ = ["READ_ALL_EVERY", "UNREADABLE", "ScheduleChanges"]
 
 _SAID_ONE_BY_ONE = 10
 """Schedules left alone that a read of every row names in the log; the rest it counts."""
@@ -33,11 +33,11 @@ READ_ALL_EVERY = 600.0
 what a lost read of changes missed is found within this."""
 
 
-class ScheduleReading:
+class ScheduleChanges:
     """The stored schedules this instance knows of, kept as the store has them."""
 
     _parts: Parts
-    _life: Life
+    _current: CurrentRun
     _jobs: StoredJobs
     tasks: dict[str, tuple[Task, bool]]
     schedules: dict[str, StoredSchedule]
@@ -96,7 +96,7 @@ class ScheduleReading:
         table = self._table
         if table is None:
             return
-        running, now = self._life.running, anyio.current_time()
+        running, now = self._current.running, anyio.current_time()
         if running is not self._read_for or now >= self._read_all_at:
             await self._read_all(table)
             self._read_for, self._read_all_at = running, now + READ_ALL_EVERY
@@ -121,7 +121,7 @@ class ScheduleReading:
         """Before acting on ``name``, which no job here has: read the changes, in
         case another instance made it since the last heartbeat (a trigger right
         after the schedule was made elsewhere). A failed read leaves it unknown."""
-        if name in self._parts.runners or self._table is None or self._life.running is None:
+        if name in self._parts.runners or self._table is None or self._current.running is None:
             return
         with contextlib.suppress(Exception), anyio.fail_after(self._store_timeout()):
             await self.sync()
