@@ -46,6 +46,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # A PostgreSQL server: the fixture itself, or these fixtures' PostgreSQL params
 # (which reach the server through request.getfixturevalue, out of fixturenames' sight).
 POSTGRES_PARAMS = {"database_url": {"asyncpg", "psycopg"}, "cluster_url": {"postgresql"}}
+# The queue contract's params (tests/queues/test_queue_contract.py): the server each needs.
+QUEUE_PARAMS = {
+    "arq": "redis",
+    "celery": "redis",
+    "procrastinate-asyncpg": "postgres",
+    "procrastinate-psycopg": "postgres",
+}
 MARKED_BY = {
     "postgres": "postgres",  # a real PostgreSQL server
     # A server whose clock the test steps (tests/core/test_clock_steps.py).
@@ -66,6 +73,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if any(params.get(fixture) in values for fixture, values in POSTGRES_PARAMS.items()):
             item.add_marker("postgres")
+        queue = params.get("queue")
+        if isinstance(queue, str) and queue in QUEUE_PARAMS:
+            item.add_marker(QUEUE_PARAMS[queue])
 
 
 @pytest.fixture(autouse=True, scope="module")

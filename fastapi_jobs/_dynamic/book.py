@@ -223,7 +223,7 @@ class ScheduleBook(ScheduleChanges):
         """Every schedule, as the store has it now (and applied here)."""
         table = self._table
         if table is not None:
-            async with self._reading("read the schedules"):
+            async with self._read_or_say("read the schedules"):
                 await self._read_all(table)
         return sorted(self.schedules.values(), key=lambda s: s.name)
 
@@ -232,7 +232,7 @@ class ScheduleBook(ScheduleChanges):
         if table is None:
             found = self.schedules.get(name)
         else:
-            async with self._reading(f"change schedule {name!r}"):
+            async with self._read_or_say(f"change schedule {name!r}"):
                 row = await table.get(name)
             found = None if row is None else decode(row, row.task in self.tasks)
         if found is None:
@@ -240,7 +240,7 @@ class ScheduleBook(ScheduleChanges):
         return found
 
     @asynccontextmanager
-    async def _reading(self, what: str) -> AsyncIterator[None]:
+    async def _read_or_say(self, what: str) -> AsyncIterator[None]:
         """A read of the store's table, under its deadline: any failure is a
         `StoreError` saying what could not be done (nothing changed)."""
         try:

@@ -93,49 +93,6 @@ def _by_key(executions: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
-async def test_each_tick_is_enqueued_once_and_run_once_under_its_key(
-    redis: RedisServer, worker: Worker, tmp_path: Path
-) -> None:
-    """Each tick of a hand-off job is one arq job, its id the key (job, tick),
-    run once by the worker with the kwargs the job returned for that tick."""
-    handed: list[datetime] = []
-    async with (
-        arq_pool(redis) as pool,
-        engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
-    ):
-        scheduler = instance(engine)
-
-        @scheduler.every(
-            seconds=0.5, enqueue=ArqTask("record", pool=lambda s: s["arq"], queue_name=worker.queue)
-        )
-        async def digest(ctx: JobContext) -> dict[str, object]:
-            handed.append(ctx.tick)
-            return {"tick": ctx.tick.isoformat(), "audience": "all"}
-
-        async with scheduler.running({"db": engine, "arq": pool}):
-            assert scheduler.job_status("digest").hand_off == "arq task record"
-            await poll(lambda: scheduler.job_status("digest").runs >= 4, within=30)
-        runs = await _store_runs(engine, "digest")
-        await poll(lambda: _count(worker, pool, len(handed)), within=30)
-        executions = await worker.executions(pool)
-
-    assert len(handed) >= 4 and len(set(handed)) == len(handed)
-    assert [r["outcome"] for r in runs] == ["ok"] * len(handed)
-    keys = [handoff_key("digest", tick) for tick in handed]
-    assert keys[0] == f"digest@{handed[0]:%Y-%m-%dT%H:%M:%S}" + (
-        f".{handed[0]:%f}Z" if handed[0].microsecond else "Z"
-    )
-    assert _by_key(executions) == dict.fromkeys(keys, 1)
-    for entry in executions:
-        assert entry["kwargs"] == {
-            "tick": datetime.fromisoformat(entry["kwargs"]["tick"]).isoformat(),
-            "audience": "all",
-        }
-        key = handoff_key("digest", datetime.fromisoformat(entry["kwargs"]["tick"]))
-        assert entry["key"] == key
-        assert entry["job_id"] == f"{worker.queue}:{key}"  # a queue of its own: named
-
-
 async def _count(worker: Worker, pool: ArqRedis, n: int) -> bool:
     return len(await worker.executions(pool)) >= n
 
@@ -153,44 +110,6 @@ async def _store_runs(engine: Any, job: str) -> list[dict[str, Any]]:
             {"job": job},
         )
         return [dict(row._mapping) for row in rows]
-
-
-async def test_three_instances_hand_each_tick_off_once(
-    redis: RedisServer, worker: Worker, tmp_path: Path
-) -> None:
-    """Three instances sharing one SQLite store hand one job off for a window:
-    each tick is claimed by one of them, enqueued once and run once."""
-    handed: list[tuple[datetime, int]] = []
-    schedulers: list[Scheduler] = []
-    async with (
-        arq_pool(redis) as pool,
-        engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
-        AsyncExitStack() as stack,
-    ):
-        for i in range(3):
-            scheduler = instance(engine)
-            schedulers.append(scheduler)
-
-            async def digest(ctx: JobContext, who: int = i) -> dict[str, object]:
-                handed.append((ctx.tick, who))
-                return {"tick": ctx.tick.isoformat()}
-
-            task = ArqTask("record", pool=lambda s: s["arq"], queue_name=worker.queue)
-            scheduler.every(seconds=0.2, enqueue=task)(digest)
-            await stack.enter_async_context(scheduler.running({"db": engine, "arq": pool}))
-            await anyio.sleep(0.07 * i)  # instances start at different moments
-        await poll(lambda: len(handed) >= 10, within=30)
-        # The instances compete for the ticks (which wins each is the database's
-        # timing: one may win them all).
-        lost = sum(s.job_status("digest").skipped.get("claimed_elsewhere", 0) for s in schedulers)
-        await stack.aclose()  # every instance stops; runs in flight end first
-        await poll(lambda: _count(worker, pool, len(handed)), within=30)
-        executions = await worker.executions(pool)
-
-    ticks = [tick for tick, _ in handed]
-    assert len(ticks) == len(set(ticks)), "a tick was handed off twice"
-    assert _by_key(executions) == {handoff_key("digest", tick): 1 for tick in ticks}
-    assert lost >= len(handed), "the instances did not compete for the ticks"
 
 
 async def test_two_apps_with_a_job_of_one_name_on_two_queues_each_enqueue_every_tick(

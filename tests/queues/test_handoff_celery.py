@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,91 +147,6 @@ async def _outbox(engine: Any) -> dict[str, tuple[str | None, bool]]:
 
 def _task(worker: Worker, **options: Any) -> CeleryTask:
     return CeleryTask("fj.record", app=lambda s: s["celery"], queue=worker.queue, **options)
-
-
-async def test_each_tick_is_sent_once_and_run_once_under_its_key(
-    redis: RedisServer, worker: Worker, tmp_path: Path
-) -> None:
-    """Each tick of a hand-off job is one Celery task, its task_id the key (job,
-    tick), run once by the worker with the kwargs the job returned, and recorded
-    in the outbox as sent."""
-    handed: list[datetime] = []
-    async with (
-        celery_app(redis) as app,
-        redis_client(redis) as r,
-        engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
-    ):
-        scheduler = instance(engine)
-
-        @scheduler.every(seconds=1, enqueue=_task(worker))
-        async def digest(ctx: JobContext) -> dict[str, object]:
-            handed.append(ctx.tick)
-            return {"tick": ctx.tick.isoformat(), "audience": "all"}
-
-        async with scheduler.running({"db": engine, "celery": app}):
-            assert scheduler.job_status("digest").hand_off == "celery task fj.record"
-            await poll(lambda: scheduler.job_status("digest").runs >= 3, within=30)
-            history = await scheduler.runs("digest", limit=50)
-        runs = await _store_runs(engine, "digest")
-        outbox = await _outbox(engine)
-        await poll(lambda: _count(worker, r, len(handed)), within=30)
-        executions = await worker.executions(r)
-
-    keys = [handoff_key("digest", tick) for tick in handed]
-    assert len(keys) >= 3 and len(set(keys)) == len(keys)
-    assert [row["outcome"] for row in runs] == ["ok"] * len(keys)
-    assert _by_id(executions) == dict.fromkeys(keys, 1)
-    for entry in executions:
-        tick = datetime.fromisoformat(entry["kwargs"]["tick"])
-        assert entry["kwargs"] == {"tick": tick.isoformat(), "audience": "all"}
-        assert handoff_key("digest", tick) == entry["id"]
-    assert outbox == {key: (key, True) for key in keys}
-    assert history and all(
-        run.tick is not None and run.queue_id == handoff_key("digest", run.tick) for run in history
-    )
-
-
-async def test_three_instances_send_each_tick_once(
-    redis: RedisServer, worker: Worker, tmp_path: Path
-) -> None:
-    """Three schedulers on one store hand one job off for a window, each going for
-    every tick: each tick is claimed by one of them, sent once and executed once
-    (by request.id)."""
-    handed: list[tuple[datetime, int]] = []
-    async with (
-        celery_app(redis) as app,
-        redis_client(redis) as r,
-        engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
-        AsyncExitStack() as stack,
-    ):
-        schedulers = [instance(engine) for _ in range(3)]
-        for i, scheduler in enumerate(schedulers):
-
-            async def digest(ctx: JobContext, who: int = i) -> dict[str, object]:
-                handed.append((ctx.tick, who))
-                return {"tick": ctx.tick.isoformat()}
-
-            scheduler.every(seconds=0.25, enqueue=_task(worker))(digest)
-            await stack.enter_async_context(scheduler.running({"db": engine, "celery": app}))
-            await anyio.sleep(0.07 * i)  # instances start at different moments
-        await poll(lambda: len(handed) >= 10, within=30)
-        competed = [
-            s.job_status("digest").runs + s.job_status("digest").skipped.get("claimed_elsewhere", 0)
-            for s in schedulers
-        ]
-        await stack.aclose()  # every instance stops; runs in flight end first
-        await poll(lambda: _count(worker, r, len(handed)), within=30)
-        executions = await worker.executions(r)
-        work = await worker.work(r)
-
-    ticks = [tick for tick, _ in handed]
-    assert len(ticks) == len(set(ticks)), "a tick was handed off twice"
-    keys = [handoff_key("digest", tick) for tick in ticks]
-    assert _by_id(executions) == dict.fromkeys(keys, 1)
-    assert sorted(work) == sorted(keys)
-    # Each instance went for the ticks: it ran them, or found them claimed by a
-    # peer. (Which one wins is the store's race: one instance may win them all.)
-    assert all(n >= 5 for n in competed), competed
 
 
 class LosingCelery(Celery):  # type: ignore[misc]

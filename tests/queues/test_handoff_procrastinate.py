@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -128,80 +127,6 @@ def _ran_once_each(executions: list[dict[str, Any]], jobs: list[dict[str, Any]])
     assert sorted((e["job_id"], json.dumps(e["kwargs"])) for e in executions) == sorted(
         (job["id"], json.dumps(job["args"])) for job in jobs
     )
-
-
-@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
-async def test_each_tick_is_one_job_in_the_queue_run_once(
-    database: Database, worker: Path, driver: str
-) -> None:
-    """Each tick of a hand-off job is one row of procrastinate_jobs, inserted
-    with the store's record of the tick, and run once by the worker with the
-    kwargs the job returned; the run's queue id is procrastinate's job id."""
-    handed: list[datetime] = []
-    async with engine_for(database.url(driver)) as engine:
-        scheduler = instance(engine)
-
-        @scheduler.every(seconds=1, enqueue=ProcrastinateTask("record"))
-        async def digest(ctx: JobContext) -> dict[str, object]:
-            handed.append(ctx.tick)
-            return {"tick": ctx.tick.isoformat(), "audience": "all"}
-
-        async with scheduler.running({"db": engine}):
-            assert scheduler.job_status("digest").hand_off == "procrastinate task record"
-            await poll(lambda: scheduler.job_status("digest").runs >= 3, within=30)
-            history = await scheduler.runs("digest", limit=100)
-        runs = await _runs(engine, "digest")
-        await poll(lambda: _executed(engine, len(handed)), within=30)
-        jobs, executions = await _jobs(engine), await _executions(engine)
-        handoffs = await _handoffs(engine)
-
-    assert len(handed) >= 3 and len(set(handed)) == len(handed)
-    assert [r["outcome"] for r in runs] == ["ok"] * len(handed)
-    _once_each(jobs, handed)
-    assert {(j["task_name"], j["queue_name"]) for j in jobs} == {("record", "default")}
-    assert all(j["args"]["audience"] == "all" for j in jobs)
-    _ran_once_each(executions, jobs)
-    assert sorted((h["job"], h["queue_id"]) for h in handoffs) == sorted(
-        ("digest", str(j["id"])) for j in jobs
-    )
-    # The history says which procrastinate job each run queued.
-    by_tick = {j["args"]["tick"]: str(j["id"]) for j in jobs}
-    assert history and all(r.tick is not None for r in history)
-    assert all(r.queue_id == by_tick[r.tick.isoformat()] for r in history if r.tick is not None)
-
-
-async def test_three_instances_put_each_tick_in_the_queue_once(
-    database: Database, worker: Path
-) -> None:
-    """Three instances on one store hand one job off for a window: each tick is
-    in procrastinate_jobs once and run once."""
-    handed: list[tuple[datetime, int]] = []
-    schedulers: list[Scheduler] = []
-    async with engine_for(database.url()) as engine, AsyncExitStack() as stack:
-        for i in range(3):
-            scheduler = instance(engine)
-            schedulers.append(scheduler)
-
-            async def digest(ctx: JobContext, who: int = i) -> dict[str, object]:
-                handed.append((ctx.tick, who))
-                return {"tick": ctx.tick.isoformat()}
-
-            scheduler.every(seconds=0.2, enqueue=ProcrastinateTask("record"))(digest)
-            await stack.enter_async_context(scheduler.running({"db": engine}))
-            await anyio.sleep(0.07 * i)  # instances start at different moments
-        await poll(lambda: len(handed) >= 10, within=30)
-        # The instances compete for the ticks (which wins each is the database's
-        # timing: one may win them all).
-        lost = sum(s.job_status("digest").skipped.get("claimed_elsewhere", 0) for s in schedulers)
-        await stack.aclose()  # every instance stops; runs in flight end first
-        await poll(lambda: _executed(engine, len(handed)), within=30)
-        jobs, executions = await _jobs(engine), await _executions(engine)
-
-    ticks = [tick for tick, _ in handed]
-    assert len(ticks) == len(set(ticks)), "a tick was handed off twice"
-    _once_each(jobs, ticks)
-    _ran_once_each(executions, jobs)
-    assert lost >= len(handed), "the instances did not compete for the ticks"
 
 
 CHILD = """
