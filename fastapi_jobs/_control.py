@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ._checks import is_aware, is_whole
+from ._clock import as_datetime
 from ._errors import ConfigurationError, short
 from ._results import Manual, RunResult
 
@@ -84,7 +85,7 @@ def check_until(until: object, now: float) -> float | None:
         )
     ts = in_utc.timestamp()
     if ts <= now:
-        shown = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
+        shown = as_datetime(now).isoformat(timespec="seconds")
         raise ConfigurationError(
             f"until={until.isoformat()} is not in the future (now is {shown}): a pause's "
             "end must come after now; resume the job instead"

@@ -15,7 +15,9 @@ The hierarchy::
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
+
+from ._clock import as_datetime
 
 __all__ = [
     "ConfigurationError",
@@ -129,7 +131,7 @@ def _instant(ts: float) -> str:
     """``ts`` as a UTC time for people; as a number if it is none (a store of
     one's own may say anything)."""
     try:
-        return datetime.fromtimestamp(ts, UTC).isoformat()
+        return as_datetime(ts).isoformat()
     except (ValueError, OverflowError, OSError, TypeError):
         return repr(ts)
 

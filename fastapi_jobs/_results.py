@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal, NamedTuple
 
 import anyio
 
+from ._clock import as_datetime
 from ._errors import LeaseLostError, RunReplacedError
 from ._redaction import error_line, error_shown
 
@@ -149,7 +150,7 @@ class Manual:
 
 def replaced(tick: float) -> RunReplacedError:
     """The error a run cancelled by a newer tick is recorded with."""
-    shown = datetime.fromtimestamp(tick, UTC).isoformat().replace("+00:00", "Z")
+    shown = as_datetime(tick).isoformat().replace("+00:00", "Z")
     return RunReplacedError(f"replaced by the tick at {shown} (overlap='replace')")
 
 

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from . import _checks
+from ._clock import as_datetime
 from ._errors import ConfigurationError, short
 
 __all__ = ["Cron", "Every", "Schedule"]
@@ -85,7 +86,7 @@ class Schedule(abc.ABC):
         """The first tick strictly after ``after`` (an aware datetime), in UTC."""
         if after.tzinfo is None:
             raise ValueError("pass an aware datetime (with tzinfo), not a naive one")
-        return datetime.fromtimestamp(self.next_after(after.timestamp()), UTC)
+        return as_datetime(self.next_after(after.timestamp()))
 
     def __str__(self) -> str:
         return self.describe()

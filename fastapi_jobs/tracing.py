@@ -19,9 +19,9 @@ OpenTelemetry metrics API.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
+from ._clock import as_datetime
 from ._distribution import NAME, missing_extra
 
 try:
@@ -112,7 +112,7 @@ class Tracing:
             attributes: dict[str, str | int | bool] = {
                 "code.function.name": self._function(event.job),
                 "fastapi_jobs.job": event.job,
-                "fastapi_jobs.tick": datetime.fromtimestamp(event.tick, UTC).isoformat(),
+                "fastapi_jobs.tick": as_datetime(event.tick).isoformat(),
                 "fastapi_jobs.manual": event.manual,
                 "fastapi_jobs.attempt": event.attempt,
                 "fastapi_jobs.instance": event.instance,

@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from .._clock import as_datetime
 from .._distribution import described
 from .._errors import ConfigurationError, JobNotFoundError
 from .._logging import FORMAT
@@ -193,7 +194,7 @@ def _next(expr: str, tz: str, n: int) -> int:
 
 def _when(ts: float, tz: Any) -> str:
     """``ts`` in ``tz``, and in UTC if that differs."""
-    at = datetime.fromtimestamp(ts, UTC)
+    at = as_datetime(ts)
     local = at.astimezone(tz)
     clock = "%H:%M:%S.%f" if at.microsecond else "%H:%M:%S"  # sub-second intervals
     shown = local.strftime(f"%Y-%m-%d {clock} %Z")

@@ -16,11 +16,11 @@ import inspect
 import logging
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from .._clock import as_datetime
 from .._context import JobContext
 from .._results import Manual, Outcome, RunEnd, lease_lost, replaced
 from .._status import JobStats
@@ -298,7 +298,7 @@ def _context(
 ) -> JobContext:
     return JobContext(
         name=runner.job.name,
-        tick=datetime.fromtimestamp(tick, UTC),
+        tick=as_datetime(tick),
         state=state,
         logger=runner.logger,
         fence=fence,

@@ -9,7 +9,6 @@ own task, which runs and records it. Pauses are in ``_core.pauses``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -93,7 +92,7 @@ class Operator:
             id=run_id(
                 parts.instance.id, 0 if runner.history is None else runner.history.count, fence
             ),
-            tick=datetime.fromtimestamp(tick, UTC),
+            tick=as_datetime(tick),
             instance=parts.instance.id,
             _manual=manual,
             _flush=None if fence is None or claims is None else claims.flush,
@@ -177,4 +176,4 @@ class Operator:
             )
         tick = self._parts.clock.now()
         ran = await runner.attempts(tick, state, Manual())
-        return RunResult.of(name, datetime.fromtimestamp(tick, UTC), ran)
+        return RunResult.of(name, as_datetime(tick), ran)

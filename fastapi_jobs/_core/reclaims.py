@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._clock import as_datetime
 from .._store import Store
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class Reclaims:
                 "job %r: tick %s was claimed by another instance and never released; "
                 "claimed again after its lease",
                 name,
-                datetime.fromtimestamp(tick, UTC).isoformat(),
+                as_datetime(tick).isoformat(),
                 extra={"job": name},
             )
             return True

@@ -25,12 +25,11 @@ import logging
 import random
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from .._clock import Clock
+from .._clock import Clock, as_datetime
 from .._errors import TickAheadError
 from .._job import Job
 from .._policies import Jittered
@@ -397,7 +396,7 @@ class JobRunner:
                 "job %r: tick %s (fence %d) was claimed as the app stopped; released "
                 "without running",
                 self.job.name,
-                datetime.fromtimestamp(self.due, UTC).isoformat(),
+                as_datetime(self.due).isoformat(),
                 fence,
                 extra={"job": self.job.name},
             )
@@ -600,7 +599,7 @@ class JobRunner:
             self.job.name,
             attempt,
             self.job.retries,
-            "?" if limit is None else datetime.fromtimestamp(limit, UTC).isoformat(),
+            "?" if limit is None else as_datetime(limit).isoformat(),
             extra={"job": self.job.name, "attempt": attempt},
         )
 
@@ -770,7 +769,7 @@ class JobRunner:
             "job %r: %d tick(s) missed while down; catching up on the latest, %s",
             self.job.name,
             missed,
-            datetime.fromtimestamp(latest, UTC).isoformat(),
+            as_datetime(latest).isoformat(),
             extra={"job": self.job.name},
         )
         return latest

@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 from zoneinfo import ZoneInfo
 
 from .._checks import check_name, flag, is_whole, seconds
+from .._clock import as_datetime
 from .._context import JobContext
 from .._errors import ConfigurationError, short
 from .._policies import OVERLAPS
@@ -331,8 +332,6 @@ def decode(row: ScheduleRow, known: bool) -> StoredSchedule:
         kwargs=data["kwargs"] or _EMPTY,
         options=kept or _EMPTY,
         version=row.version,
-        updated_at=datetime.fromtimestamp(row.updated_at, UTC)
-        if math.isfinite(row.updated_at)
-        else None,
+        updated_at=as_datetime(row.updated_at) if math.isfinite(row.updated_at) else None,
         known=known,
     )

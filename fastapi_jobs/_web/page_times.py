@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
+from .._clock import as_datetime
+
 __all__ = ["clock", "countdown", "iso", "lasting", "time_tag"]
 
 
 def iso(ts: float | datetime) -> str:
-    at = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
+    at = ts if isinstance(ts, datetime) else as_datetime(ts)
     return at.astimezone(UTC).isoformat(timespec="seconds")
 
 
@@ -45,7 +47,7 @@ def _span(seconds: float) -> str:
 
 
 def clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC")
+    return as_datetime(ts).strftime("%H:%M:%S UTC")
 
 
 def lasting(seconds: float) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
+from .._clock import as_datetime
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord, utc
 
 __all__ = ["cluster_view", "paused_until", "run_record"]
@@ -64,8 +64,8 @@ def _instance(row: sa.RowMapping) -> InstanceStatus:
         id=row["id"],
         hostname=row["hostname"],
         pid=row["pid"],
-        started_at=datetime.fromtimestamp(row["started_at"], UTC),
-        seen_at=datetime.fromtimestamp(row["seen_at"], UTC),
+        started_at=as_datetime(row["started_at"]),
+        seen_at=as_datetime(row["seen_at"]),
     )
 
 
