@@ -57,6 +57,9 @@ def error_shown(error: BaseException) -> tuple[str, str]:
     line = text.partition("\n")[0]
     if _from_database(error):
         line = _hide_values(_SQL_PARTS.split(line, maxsplit=1)[0])
+    # Any error may quote a URL or a setting (an HTTP client's, a broker's):
+    # a URL's credentials and the value of a secret-like name are hidden.
+    line = _SECRET_SETTING.sub(lambda m: m.group(1) + HIDDEN, _USERINFO.sub(HIDDEN + "@", line))
     cut = len(line) > MAX_MESSAGE
     line = _SQL_PARTS.split(line[:MAX_MESSAGE], maxsplit=1)[0]
     shown = "".join(c if c.isprintable() else " " for c in line).strip()
@@ -105,6 +108,12 @@ _SECRET = re.compile(
     re.IGNORECASE,
 )
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")  # the user:password@ of a URL
+# ``password=hunter2``, ``token: sk_live_...``, ``"api_key": "..."`` in a message.
+_SECRET_SETTING = re.compile(
+    r"""((?:[\w-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[-_]?key|credential"""
+    r"""|private[-_]?key|dsn)[\w-]*)["']?\s*[:=]\s*["']?)[^\s"',;&)}\]]+""",
+    re.IGNORECASE,
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

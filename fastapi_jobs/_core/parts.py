@@ -101,6 +101,11 @@ def check_parts(lifespan: object, logger: object, store: object, clock: object) 
             f"{', '.join(missing(store, Store))} (fastapi_jobs.stores.Store says what one "
             "has): pass fastapi_jobs.stores.SQLAlchemyStore(...)"
         )
+    if isinstance(clock, type):
+        raise ConfigurationError(
+            f"Scheduler(clock={clock.__name__}) is a class: pass a clock, e.g. "
+            f"{clock.__name__}() or LoopClock(start)"
+        )
     if clock is not None and not isinstance(clock, Clock):
         raise ConfigurationError(
             f"Scheduler(clock={short(clock)}) is not a Clock: pass SystemClock() "

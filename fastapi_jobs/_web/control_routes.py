@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import quote
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -178,8 +179,9 @@ async def _run(seam: Seam, request: Request, name: str, wait: bool, limit: float
         job=name,
         tick=triggered.tick,
         instance=triggered.instance,
-        # This path, .../jobs/{name}/run, with the app's own prefixes: + "s".
-        runs=request.url.path + "s",
+        # This path, .../jobs/{name}/run, with the app's own prefixes, as the
+        # client sent it (encoded: a name may hold anything a URL escapes): + "s".
+        runs=_sent_path(request) + "s",
     )
     if not wait:
         return started
@@ -251,3 +253,13 @@ def _answer(page: str | None, notice: str, state: PauseState) -> Any:
     if page is None:
         return state
     return RedirectResponse(notice_url(page, notice, state.job), status_code=303)
+
+
+def _sent_path(request: Request) -> str:
+    """The request's path as the client sent it, percent-encoded: the ASGI
+    server's ``raw_path`` (without a query, which some servers keep in it), or
+    the decoded path encoded again."""
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes):
+        return raw.split(b"?", 1)[0].decode("latin-1")
+    return quote(request.url.path, safe="/")

@@ -38,7 +38,7 @@ from .._results import Outcome
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
 from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance, Refused, ScheduleRow
 from ._operations import NOT_OPEN
-from ._options import MAX_HISTORY, MAX_LEASE, MIN_HEARTBEAT
+from ._options import MAX_HEARTBEAT, MAX_HISTORY, MAX_LEASE, MIN_HEARTBEAT
 
 __all__ = ["MemoryDatabase", "MemoryStore"]
 
@@ -99,7 +99,9 @@ class MemoryDatabase:
     schedules: dict[str, ScheduleRow] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.clock is not None and not isinstance(self.clock, Clock):
+        if isinstance(self.clock, type) or (
+            self.clock is not None and not isinstance(self.clock, Clock)
+        ):
             raise ConfigurationError(
                 f"MemoryDatabase(clock={short(self.clock)}) is not a Clock: pass the "
                 "schedulers' LoopClock, or none (it reads the first scheduler's)"
@@ -156,7 +158,12 @@ class MemoryStore:
         self.lease = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
         self.timeout = seconds("timeout", timeout, context=_SAID)
         self.heartbeat = seconds(
-            "heartbeat", heartbeat, context=_SAID, minimum=MIN_HEARTBEAT, allow_zero=True
+            "heartbeat",
+            heartbeat,
+            context=_SAID,
+            minimum=MIN_HEARTBEAT,
+            maximum=MAX_HEARTBEAT,
+            allow_zero=True,
         )
         if self.timeout >= self.lease / 3:
             raise ConfigurationError(
@@ -169,7 +176,7 @@ class MemoryStore:
                 f"from 0 (no history) to {MAX_HISTORY}"
             )
         self.history = history
-        self.schedules = _Schedules(self.database)
+        self.schedules = _Schedules(self)
         """The stored schedules (a `fastapi_jobs.stores.ScheduleTable`), shared
         by the stores on the same database."""
         self.backfills = _PastTicks(self)
@@ -282,6 +289,8 @@ class MemoryStore:
     ) -> dict[str, int | tuple[float, float] | Exception]:
         """See `fastapi_jobs.stores.Store.reclaim`."""
         await anyio.lowlevel.checkpoint()
+        if not wanted:
+            return {}
         now, owner = self._now(), self._owner
         answer: dict[str, int | tuple[float, float] | Exception] = {}
         for job, tick in wanted:
@@ -298,6 +307,7 @@ class MemoryStore:
 
     async def renew(self, job: str, fence: int) -> bool:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         row = self.database.claims.get(job)
         if row is None or row.fence != fence or row.lease_until is None:
             return False  # taken over, or released: a late renewal does not re-take it
@@ -307,6 +317,7 @@ class MemoryStore:
     async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
         """See `fastapi_jobs.stores.Store.release`."""
         await anyio.lowlevel.checkpoint()
+        self._opened()
         now = self._now()
         for end in ended:
             row = self.database.claims.get(end.job)
@@ -338,6 +349,7 @@ class MemoryStore:
 
     async def last_tick(self, job: str) -> float | None:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         row = self.database.claims.get(job)
         return None if row is None else row.last_tick
 
@@ -361,6 +373,7 @@ class MemoryStore:
 
     async def _set_pause(self, job: str, until: float) -> int:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         _, version = self.database.pauses.get(job, (0.0, 0))
         # As the SQL store's: never below the clock in µs, so it only grows.
         version = max(version + 1, int(self._now() * 1_000_000))
@@ -369,10 +382,12 @@ class MemoryStore:
 
     async def pauses(self) -> dict[str, tuple[float, int]]:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         return dict(self.database.pauses)
 
     async def read(self) -> ClusterView:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         now, db = self._now(), self.database
         live = sorted(
             (seen.started_at, id_, seen)
@@ -416,10 +431,12 @@ class MemoryStore:
 
     async def runs(self, job: str, limit: int) -> list[RunRecord]:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         return self._newest(job, limit)
 
     async def recent_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
         await anyio.lowlevel.checkpoint()
+        self._opened()
         return {job: self._newest(job, limit) for job in jobs}
 
     def _newest(self, job: str, limit: int) -> list[RunRecord]:
@@ -429,6 +446,7 @@ class MemoryStore:
     async def prune(self) -> None:
         """Keep each job's last ``history`` runs."""
         await anyio.lowlevel.checkpoint()
+        self._opened()
         kept: dict[str, int] = {}
         newest_first: list[_Run] = []
         for run in reversed(self.database.runs):
@@ -441,10 +459,16 @@ class MemoryStore:
 class _Schedules:
     """The stored schedules (the SQL store's ``StoreSchedules``): a row's
     version grows with each change, never below the clock in µs, and a removal
-    marks the row, so that an instance reading the changes sees it."""
+    marks the row, so that an instance reading the changes sees it. Used
+    before its store is open, it says so, as the SQL store's does."""
 
-    def __init__(self, database: MemoryDatabase) -> None:
-        self._database = database
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._database = store.database
+
+    async def _ready(self) -> None:
+        await anyio.lowlevel.checkpoint()
+        self._store._opened()
 
     def _write(self, name: str, task: str, spec: str, removed: bool) -> ScheduleRow:
         rows, now = self._database.schedules, self._database.now()
@@ -458,31 +482,31 @@ class _Schedules:
         return None if row is None or row.removed else row
 
     async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
-        await anyio.lowlevel.checkpoint()
+        await self._ready()
         if self._live(name) is not None:
             return None
         return self._write(name, task, spec, removed=False)
 
     async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
-        await anyio.lowlevel.checkpoint()
+        await self._ready()
         row = self._live(name)
         if row is None or row.version != expect:
             return None
         return self._write(name, task, spec, removed=False)
 
     async def get(self, name: str) -> ScheduleRow | None:
-        await anyio.lowlevel.checkpoint()
+        await self._ready()
         return self._live(name)
 
     async def remove(self, name: str) -> ScheduleRow | None:
-        await anyio.lowlevel.checkpoint()
+        await self._ready()
         row = self._live(name)
         if row is None:
             return None
         return self._write(name, row.task, row.spec, removed=True)
 
     async def changes(self, since: int) -> list[ScheduleRow]:
-        await anyio.lowlevel.checkpoint()
+        await self._ready()
         rows = self._database.schedules.values()
         if since > 0:
             found = [row for row in rows if row.version >= since]

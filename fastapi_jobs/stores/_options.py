@@ -10,7 +10,7 @@ from .._checks import flag, is_whole, seconds
 from .._errors import ConfigurationError
 from ._tables import check_prefix
 
-__all__ = ["MAX_HISTORY", "MAX_LEASE", "MIN_HEARTBEAT", "Options", "check_options"]
+__all__ = ["MAX_HEARTBEAT", "MAX_HISTORY", "MAX_LEASE", "MIN_HEARTBEAT", "Options", "check_options"]
 
 # Runs kept per job in the history table, at most.
 MAX_HISTORY = 100_000
@@ -18,6 +18,9 @@ MAX_HISTORY = 100_000
 # so a long lease buys nothing. Heartbeats faster than this only load the database.
 MAX_LEASE = 86400.0
 MIN_HEARTBEAT = 0.1
+# An instance is seen as gone after three missed beats, and its clock offset is
+# corrected at each: rarer than an hour, both would go stale for hours.
+MAX_HEARTBEAT = 3600.0
 _SAID = "SQLAlchemyStore(): "
 
 
@@ -47,7 +50,12 @@ def check_options(
     lease_s = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
     timeout_s = seconds("timeout", timeout, context=_SAID)
     heartbeat_s = seconds(
-        "heartbeat", heartbeat, context=_SAID, minimum=MIN_HEARTBEAT, allow_zero=True
+        "heartbeat",
+        heartbeat,
+        context=_SAID,
+        minimum=MIN_HEARTBEAT,
+        maximum=MAX_HEARTBEAT,
+        allow_zero=True,
     )
     if timeout_s >= lease_s / 3:
         raise ConfigurationError(

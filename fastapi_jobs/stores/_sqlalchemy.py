@@ -33,7 +33,7 @@ from .._store import Instance
 from . import _poolers, _reads, _tables
 from ._backfills import StoreBackfills
 from ._engines import EngineSource, check_source, choose
-from ._operations import Operations
+from ._operations import NOT_OPEN, Operations
 from ._options import check_options
 from ._outbox import StoreOutbox
 from ._schedules import StoreSchedules
@@ -177,7 +177,8 @@ class SQLAlchemyStore(StoreClaims):
     # -- instances and status -----------------------------------------------
 
     async def beat(self) -> float:
-        assert self._instance is not None
+        if self._instance is None:
+            raise StoreError(NOT_OPEN)
         params = {
             "b_id": self._instance.id,
             "b_hostname": self._instance.hostname,

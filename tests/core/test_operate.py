@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import pytest
@@ -120,6 +121,26 @@ async def test_trigger_runs_the_job_in_its_task_and_answers_202_then_200_with_wa
     assert seen == [(START + timedelta(minutes=1), True), (START + timedelta(seconds=70), True)]
     assert [run["manual"] for run in runs] == [True, True]
     assert runs[1]["id"] == body["id"]  # newest first
+
+
+async def test_a_triggered_runs_link_is_a_url_that_answers_for_any_name() -> None:
+    """The ``runs`` link of a job whose name a URL must escape (non-ASCII, a
+    space, ``%``, ``?``, ``#``) is encoded: followed, it answers."""
+    scheduler = virtual_scheduler()
+    name = "ünï cødé 🚀 %2F?#"
+
+    @scheduler.every(hours=1, name=name)
+    async def digest() -> None: ...
+
+    async with serve(make_app(scheduler)) as client:
+        await anyio.sleep(1)
+        started = await client.post(f"/jobs/{quote(name, safe='')}/run", headers=ADMIN)
+        assert started.status_code == 202, started.text
+        link = started.json()["runs"]
+        assert link == f"/jobs/{quote(name, safe='')}/runs"
+        await anyio.sleep(1)
+        runs = await client.get(link)
+    assert runs.status_code == 200 and len(runs.json()) == 1
 
 
 async def test_trigger_while_running_is_409_with_when_it_started() -> None:

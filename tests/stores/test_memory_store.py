@@ -24,6 +24,7 @@ from fastapi_jobs import (
     TickAheadError,
 )
 from fastapi_jobs.stores import Ended, Instance, Store
+from fastapi_jobs.stores._operations import NOT_OPEN
 from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
 
 START = datetime(2026, 3, 2, tzinfo=UTC)
@@ -187,6 +188,7 @@ async def test_instances_are_seen_while_they_beat() -> None:
         ({"lease": 0}, "lease=0"),
         ({"lease": 2 * 86400}, "lease=172800"),
         ({"heartbeat": 0.01}, "heartbeat=0.01"),
+        ({"heartbeat": 1e300}, "heartbeat=1e"),
         ({"history": 10**6}, "history=1000000"),
         ({"timeout": 20}, "shorter than a third of the lease"),
         ({"history": -1}, "history=-1"),
@@ -412,12 +414,50 @@ def test_a_database_clock_that_is_not_a_clock_is_refused() -> None:
         MemoryStore(clock="now")  # type: ignore[arg-type]
 
 
-async def test_a_store_not_yet_opened_says_so() -> None:
+async def test_a_store_not_yet_opened_says_so_as_the_sql_store_does() -> None:
+    """Every call before the scheduler opens the store is refused, as
+    `SQLAlchemyStore` refuses it: a test on the memory store cannot pass where
+    production would fail."""
     store = MemoryStore()
+    calls = {
+        "claim": store.claim([("job", T0)]),
+        "beat": store.beat(),
+        "renew": store.renew("job", 1),
+        "release": store.release([Ended("job", 1, "ok", None, 0.1)]),
+        "last_tick": store.last_tick("job"),
+        "pause": store.pause("job", None),
+        "resume": store.resume("job"),
+        "pauses": store.pauses(),
+        "read": store.read(),
+        "runs": store.runs("job", 10),
+        "recent_runs": store.recent_runs(["job"], 10),
+        "prune": store.prune(),
+        "schedules.create": store.schedules.create("s", "t", "{}"),
+        "schedules.get": store.schedules.get("s"),
+        "schedules.changes": store.schedules.changes(0),
+        "backfills.claim": store.backfills.claim("job", T0),
+    }
+    said: dict[str, str] = {}
+    for what, call in calls.items():
+        try:
+            await call
+        except StoreError as exc:
+            said[what] = str(exc)
+    assert said == dict.fromkeys(calls, NOT_OPEN)
+    scheduler = Scheduler(clock=LoopClock(START), store=MemoryStore())
+
+    @scheduler.every(hours=1)
+    async def job() -> None: ...
+
     with pytest.raises(StoreError, match="not open"):
-        await store.claim([("job", T0)])
-    with pytest.raises(StoreError, match="not open"):
-        await store.beat()
+        await scheduler.pause("job")
+
+
+def test_a_clock_class_is_refused_saying_to_pass_an_instance() -> None:
+    with pytest.raises(ConfigurationError, match="is not a Clock"):
+        MemoryDatabase(LoopClock)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"is a class: pass a clock"):
+        Scheduler(clock=LoopClock)  # type: ignore[arg-type]
 
 
 async def test_a_trigger_while_the_database_clock_is_behind_the_last_claim_says_so() -> None:

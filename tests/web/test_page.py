@@ -46,6 +46,33 @@ def make_app(scheduler: Scheduler, *, control: bool = True, prefix: str = "") ->
 
 
 @pytest.mark.looptime
+async def test_no_credential_an_error_quotes_reaches_the_status_or_the_page() -> None:
+    """Any error may quote a URL or a setting (an HTTP client's, a broker's,
+    the job's own): its credentials and secret-like values are hidden on
+    ``/jobs`` and the page, as a database error's quoted values are; the rest
+    of the line stays, to say what went wrong."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1, name="leaky")
+    async def leaky() -> None:
+        raise RuntimeError(
+            "connect failed: redis://admin:hunter2@cache:6379/0 password=hunter3 "
+            '{"api_key": "sk_live_abc"}'
+        )
+
+    async with serve(make_app(scheduler)) as client:
+        await anyio.sleep(HOUR + 1)
+        status = (await client.get("/jobs/leaky")).json()
+        page = (await client.get("/jobs/ui")).text
+    message = status["last_error"]["message"]
+    assert message == (
+        'connect failed: redis://[hidden]@cache:6379/0 password=[hidden] {"api_key": "[hidden]"}'
+    )
+    for secret in ("hunter2", "hunter3", "sk_live_abc", "admin"):
+        assert secret not in message and secret not in page
+
+
+@pytest.mark.looptime
 async def test_the_page_escapes_every_name_and_error_and_says_each_state(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
