@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["HIDDEN", "MAX_MESSAGE", "error_line", "error_shown", "is_text", "shown"]
+__all__ = ["HIDDEN", "MAX_MESSAGE", "error_line", "error_shown", "error_text", "is_text", "shown"]
 
 
 MAX_MESSAGE = 300
@@ -66,6 +66,12 @@ def error_shown(error: BaseException) -> tuple[str, str]:
     if cut:
         shown = shown[: MAX_MESSAGE - 1] + "…"
     return type(error).__name__[:MAX_MESSAGE], shown
+
+
+def error_text(error: BaseException) -> str:
+    """``error`` as shown, in one line (`error_shown`, then `error_line`): how
+    the store and the history keep a run's error."""
+    return error_line(*error_shown(error))
 
 
 def error_line(kind: str, message: str) -> str:

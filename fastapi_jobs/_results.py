@@ -28,7 +28,7 @@ import anyio
 
 from ._clock import as_datetime
 from ._errors import LeaseLostError, RunReplacedError
-from ._redaction import error_line, error_shown
+from ._redaction import error_text
 
 __all__ = ["Ended", "Manual", "Outcome", "RunEnd", "RunResult", "SkipReason", "lease_lost"]
 
@@ -67,7 +67,7 @@ class RunEnd(NamedTuple):
     def release(self, job: str, fence: int, manual: bool, past: float | None) -> Ended:
         """The store's record of this run of ``job``'s claim ``fence``
         (``past``: a backfilled tick's, see `Ended.tick`)."""
-        error = None if self.error is None else error_line(*error_shown(self.error))
+        error = None if self.error is None else error_text(self.error)
         return _new(
             Ended,
             (job, fence, self.outcome, error, self.duration, self.attempts, manual, past),

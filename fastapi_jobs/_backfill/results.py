@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from .._redaction import error_line, error_shown
+from .._redaction import error_text
 from .._results import RunEnd
 
 __all__ = ["BackfillResult", "BackfillTick", "TickOutcome"]
@@ -41,7 +41,7 @@ class BackfillTick:
     def of(cls, tick: datetime, ran: RunEnd) -> BackfillTick:
         """How the run of ``tick`` went, as a backfill's tick (a view of the
         run's `fastapi_jobs._results.RunEnd`)."""
-        error = None if ran.error is None else error_line(*error_shown(ran.error))
+        error = None if ran.error is None else error_text(ran.error)
         return cls(tick, ran.outcome, ran.duration, error)
 
     def describe(self) -> str:

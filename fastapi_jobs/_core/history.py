@@ -15,6 +15,7 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING
 
+from .._redaction import error_text
 from .._status import ErrorInfo, Outcome, RunRecord, utc
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class History:
             unusual = self._unusual = {}
         # An exception is kept as the status shows it: kept whole, it would
         # keep its traceback's frames (and their locals) alive.
-        shown = None if error is None else str(ErrorInfo.of(error))
+        shown = None if error is None else error_text(error)
         unusual[slot] = (outcome, attempts, manual, shown)
 
     def records(self, job: str, instance: str, limit: int) -> list[RunRecord]:

@@ -33,7 +33,7 @@ from .._clock import Clock, as_datetime
 from .._errors import TickAheadError
 from .._job import Job
 from .._policies import Jittered
-from .._redaction import error_line, error_shown
+from .._redaction import error_text
 from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
 from .._schedules import Every
 from .._status import JobStats
@@ -529,12 +529,19 @@ class JobRunner:
             ran = await self._retry(ran, tick, state, manual, fence)
         if fence is None:
             history = self.history
-            if history is None:
-                if not self._keep:
-                    return ran
-                history = self.history = History(self._keep)
-            history.add(tick, ran, manual)
+            if history is not None:  # _remember(), its common case inlined: each run
+                history.add(tick, ran, manual)
+            else:
+                self._remember(tick, ran, manual)
         return ran
+
+    def _remember(self, tick: float, ran: RunEnd, manual: bool) -> None:
+        """Keep the run of ``tick`` in this process's history (made at the first)."""
+        if not self._keep:
+            return
+        if self.history is None:
+            self.history = History(self._keep)
+        self.history.add(tick, ran, manual)
 
     async def _retry(
         self, ran: RunEnd, tick: float, state: Mapping[str, Any], manual: bool, fence: int | None
@@ -652,7 +659,7 @@ class JobRunner:
         or a newer tick that replaced it)."""
         duration = max(0.0, self.clock.now() - started)
         by = self.replaced_by  # else cut by the app's stop
-        error = None if by is None else error_line(*error_shown(replaced(by)))
+        error = None if by is None else error_text(replaced(by))
         return _new(Ended, (self.job.name, fence, "cancelled", error, duration, 1, manual, past))
 
     def _lost_between_attempts(self, lease: Lease) -> None:
@@ -698,10 +705,7 @@ class JobRunner:
             stats = self.stats
             duration, started = stats.last_duration or 0.0, stats.last_started_at or 0.0
             ran = RunEnd("cancelled", stats.last_error, duration, started, 1)
-            if self._keep:
-                if self.history is None:
-                    self.history = History(self._keep)
-                self.history.add(tick, ran, manual is not None)
+            self._remember(tick, ran, manual is not None)
         return ran
 
     async def _run_held_over(self) -> None:

@@ -27,18 +27,17 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import anyio.lowlevel
 
-from .._checks import is_whole, seconds
 from .._clock import Clock, SystemClock, as_datetime
 from .._errors import ConfigurationError, StoreError, TickAheadError, short
 from .._results import Outcome
-from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord
+from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord, utc
 from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance, Refused, ScheduleRow
 from ._operations import NOT_OPEN
-from ._options import MAX_HEARTBEAT, MAX_HISTORY, MAX_LEASE, MIN_HEARTBEAT
+from ._options import check_claims
 
 __all__ = ["MemoryDatabase", "MemoryStore"]
 
@@ -155,27 +154,9 @@ class MemoryStore:
         self.database = database or MemoryDatabase(clock)
         """The rows this store shares with the stores made on the same database."""
         # The SQL store's bounds: a test passes only what production takes.
-        self.lease = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
-        self.timeout = seconds("timeout", timeout, context=_SAID)
-        self.heartbeat = seconds(
-            "heartbeat",
-            heartbeat,
-            context=_SAID,
-            minimum=MIN_HEARTBEAT,
-            maximum=MAX_HEARTBEAT,
-            allow_zero=True,
+        self.lease, self.timeout, self.heartbeat, self.history = check_claims(
+            lease, timeout, heartbeat, history, said=_SAID
         )
-        if self.timeout >= self.lease / 3:
-            raise ConfigurationError(
-                f"{_SAID}timeout ({self.timeout:g}s) must be shorter than a third of the "
-                f"lease ({self.lease:g}s), so a renewal can fail and be retried in time"
-            )
-        if not is_whole(history, 0, MAX_HISTORY):
-            raise ConfigurationError(
-                f"{_SAID}history={history!r}: the runs kept per job, a whole number "
-                f"from 0 (no history) to {MAX_HISTORY}"
-            )
-        self.history = history
         self.schedules = _Schedules(self)
         """The stored schedules (a `fastapi_jobs.stores.ScheduleTable`), shared
         by the stores on the same database."""
@@ -375,8 +356,7 @@ class MemoryStore:
         await anyio.lowlevel.checkpoint()
         self._opened()
         _, version = self.database.pauses.get(job, (0.0, 0))
-        # As the SQL store's: never below the clock in µs, so it only grows.
-        version = max(version + 1, int(self._now() * 1_000_000))
+        version = _next_version(version, self._now())
         self.database.pauses[job] = (until, version)
         return version
 
@@ -417,14 +397,14 @@ class MemoryStore:
         ]
         last_success = row.finished_at if row.outcome == "ok" else max(successes, default=None)
         return ClusterJobStatus(
-            last_tick=_utc(row.last_tick),
+            last_tick=utc(row.last_tick),
             fence=row.fence,
-            last_started_at=_utc(row.started_at),
-            last_finished_at=_utc(row.finished_at),
+            last_started_at=utc(row.started_at),
+            last_finished_at=utc(row.finished_at),
             last_duration_s=row.duration,
             last_outcome=row.outcome,
             last_error=ErrorInfo.parse(row.error),
-            last_success_at=_utc(last_success),
+            last_success_at=utc(last_success),
             last_instance=row.owner,
             running_on=row.owner if row.lease_until is not None and row.lease_until > now else None,
         )
@@ -473,7 +453,7 @@ class _Schedules:
     def _write(self, name: str, task: str, spec: str, removed: bool) -> ScheduleRow:
         rows, now = self._database.schedules, self._database.now()
         old = rows.get(name)
-        version = max(0 if old is None else old.version + 1, int(now * 1_000_000))
+        version = _next_version(-1 if old is None else old.version, now)
         rows[name] = row = ScheduleRow(name, task, spec, version, now, removed)
         return row
 
@@ -546,19 +526,22 @@ class _PastTicks:
         return row.fence
 
 
-def _utc(ts: float | None) -> datetime | None:
-    return None if ts is None else as_datetime(ts)
+def _next_version(version: int, now: float) -> int:
+    """A row's next version (a pause's, a schedule's), as the SQL store's: one
+    more, and never below the clock in µs, so that it only grows across a
+    removal and a new row of the same name."""
+    return max(version + 1, int(now * 1_000_000))
 
 
 def _record(run: _Run) -> RunRecord:
     return RunRecord(
         id=str(run.fence),
         job=run.job,
-        tick=_utc(run.tick),
+        tick=utc(run.tick),
         manual=run.manual,
         attempts=run.attempts,
-        started_at=_utc(run.started_at),
-        finished_at=_utc(run.finished_at),
+        started_at=utc(run.started_at),
+        finished_at=utc(run.finished_at),
         duration_s=run.duration,
         outcome=run.outcome,
         error=ErrorInfo.parse(run.error),

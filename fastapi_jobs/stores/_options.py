@@ -10,17 +10,25 @@ from .._checks import flag, is_whole, seconds
 from .._errors import ConfigurationError
 from ._tables import check_prefix
 
-__all__ = ["MAX_HEARTBEAT", "MAX_HISTORY", "MAX_LEASE", "MIN_HEARTBEAT", "Options", "check_options"]
+__all__ = [
+    "_MAX_HEARTBEAT",
+    "_MAX_HISTORY",
+    "_MAX_LEASE",
+    "_MIN_HEARTBEAT",
+    "Options",
+    "check_claims",
+    "check_options",
+]
 
 # Runs kept per job in the history table, at most.
-MAX_HISTORY = 100_000
+_MAX_HISTORY = 100_000
 # A lease is what a killed holder costs its job; renewals keep long runs going,
 # so a long lease buys nothing. Heartbeats faster than this only load the database.
-MAX_LEASE = 86400.0
-MIN_HEARTBEAT = 0.1
+_MAX_LEASE = 86400.0
+_MIN_HEARTBEAT = 0.1
 # An instance is seen as gone after three missed beats, and its clock offset is
 # corrected at each: rarer than an hour, both would go stale for hours.
-MAX_HEARTBEAT = 3600.0
+_MAX_HEARTBEAT = 3600.0
 _SAID = "SQLAlchemyStore(): "
 
 
@@ -47,26 +55,9 @@ def check_options(
     table_prefix: str,
 ) -> Options:
     """The options, or `ConfigurationError` for the first that is wrong."""
-    lease_s = seconds("lease", lease, context=_SAID, maximum=MAX_LEASE)
-    timeout_s = seconds("timeout", timeout, context=_SAID)
-    heartbeat_s = seconds(
-        "heartbeat",
-        heartbeat,
-        context=_SAID,
-        minimum=MIN_HEARTBEAT,
-        maximum=MAX_HEARTBEAT,
-        allow_zero=True,
+    lease_s, timeout_s, heartbeat_s, history = check_claims(
+        lease, timeout, heartbeat, history, said=_SAID
     )
-    if timeout_s >= lease_s / 3:
-        raise ConfigurationError(
-            f"SQLAlchemyStore: timeout ({timeout_s:g}s) must be shorter than a third "
-            f"of the lease ({lease_s:g}s), so a renewal can fail and be retried in time"
-        )
-    if not is_whole(history, 0, MAX_HISTORY):
-        raise ConfigurationError(
-            f"SQLAlchemyStore(): history={history!r}: the runs kept per job, a whole "
-            f"number from 0 (no history) to {MAX_HISTORY}"
-        )
     return Options(
         lease=lease_s,
         timeout=timeout_s,
@@ -76,3 +67,36 @@ def check_options(
         create_tables=flag("create_tables", create_tables, context=_SAID),
         table_prefix=check_prefix(table_prefix, context=_SAID),
     )
+
+
+def check_claims(
+    lease: float | timedelta,
+    timeout: float | timedelta,
+    heartbeat: float | timedelta,
+    history: int,
+    *,
+    said: str,
+) -> tuple[float, float, float, int]:
+    """The options every store takes (``said``: whose, e.g. ``MemoryStore(): ``),
+    in seconds: a test's memory store takes only what the SQL store takes."""
+    lease_s = seconds("lease", lease, context=said, maximum=_MAX_LEASE)
+    timeout_s = seconds("timeout", timeout, context=said)
+    heartbeat_s = seconds(
+        "heartbeat",
+        heartbeat,
+        context=said,
+        minimum=_MIN_HEARTBEAT,
+        maximum=_MAX_HEARTBEAT,
+        allow_zero=True,
+    )
+    if timeout_s >= lease_s / 3:
+        raise ConfigurationError(
+            f"{said}timeout ({timeout_s:g}s) must be shorter than a third "
+            f"of the lease ({lease_s:g}s), so a renewal can fail and be retried in time"
+        )
+    if not is_whole(history, 0, _MAX_HISTORY):
+        raise ConfigurationError(
+            f"{said}history={history!r}: the runs kept per job, a whole "
+            f"number from 0 (no history) to {_MAX_HISTORY}"
+        )
+    return lease_s, timeout_s, heartbeat_s, history

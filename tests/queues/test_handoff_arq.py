@@ -15,7 +15,7 @@ import sys
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -60,6 +60,14 @@ def start_worker(settings: str, cwd: Path, log: Path, **env: str) -> subprocess.
 @pytest.fixture
 def worker(redis: RedisServer, tmp_path: Path) -> Iterator[Worker]:
     """A real arq worker (``python -m arq``) on a queue of the test's own."""
+    with running_worker(redis, tmp_path) as started:
+        yield started
+
+
+@contextmanager
+def running_worker(redis: RedisServer, tmp_path: Path) -> Iterator[Worker]:
+    """An arq worker process on a queue of its own, stopped at the end (the
+    queue contract's too: tests/queues/test_queue_contract.py)."""
     queue = f"fj-test:{uuid.uuid4().hex[:8]}"
     log = tmp_path / "arq_worker.log"
     proc = start_worker(

@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,6 +78,14 @@ def start_worker(app: str, queue: str, cwd: Path, log: Path, **env: str) -> subp
 @pytest.fixture
 def worker(redis: RedisServer, tmp_path: Path) -> Iterator[Worker]:
     """A real Celery worker on a queue of the test's own."""
+    with running_worker(redis, tmp_path) as started:
+        yield started
+
+
+@contextmanager
+def running_worker(redis: RedisServer, tmp_path: Path) -> Iterator[Worker]:
+    """A Celery worker process on a queue of its own, stopped at the end (the
+    queue contract's too: tests/queues/test_queue_contract.py)."""
     queue = f"fj-test-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "celery_worker.log"
     proc = start_worker(

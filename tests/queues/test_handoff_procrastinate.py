@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,6 +67,11 @@ async def apply_schema(dsn: str) -> None:
 
 @pytest.fixture
 async def database(postgres: PostgresServer) -> Database:
+    return await fresh_database(postgres)
+
+
+async def fresh_database(postgres: PostgresServer) -> Database:
+    """A new database with procrastinate's schema and the worker's ``executions``."""
     db = Database(postgres, postgres.create_database())
     await apply_schema(db.dsn)
     postgres.psql("CREATE TABLE executions (job_id bigint, kwargs jsonb)", db.name)
@@ -80,6 +86,13 @@ def start_worker(app: str, cwd: Path, log: Path, **env: str) -> subprocess.Popen
 @pytest.fixture
 def worker(database: Database, tmp_path: Path) -> Iterator[Path]:
     """A real procrastinate worker process on the test's database; its log."""
+    with running_worker(database, tmp_path) as log:
+        yield log
+
+
+@contextmanager
+def running_worker(database: Database, tmp_path: Path) -> Iterator[Path]:
+    """A procrastinate worker process on ``database``, stopped at the end; its log."""
     log = tmp_path / "worker.log"
     proc = start_worker("tests.apps.procrastinate_worker.app", ROOT, log, FJ_PG_DSN=database.dsn)
     try:

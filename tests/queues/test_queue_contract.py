@@ -9,7 +9,6 @@ is tested in each queue's own module."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -28,12 +27,10 @@ from fastapi_jobs.queues.arq import ArqTask
 from fastapi_jobs.queues.procrastinate import ProcrastinateTask
 
 from ..conftest import QUEUE_PARAMS
-from ..support.cluster import ROOT
 from ..support.instances import engine_for, instance
 from ..support.postgres import PostgresServer
 from ..support.redis import RedisServer
 from ..support.waiting import poll
-from ..support.workers import stop
 from . import test_handoff_arq as arq_side
 from . import test_handoff_celery as celery_side
 from . import test_handoff_procrastinate as procrastinate_side
@@ -66,16 +63,7 @@ class QueueUnderTest:
 
 @asynccontextmanager
 async def _arq(redis: RedisServer, tmp_path: Path) -> AsyncIterator[QueueUnderTest]:
-    queue = f"fj-test:{uuid.uuid4().hex[:8]}"
-    proc = arq_side.start_worker(
-        "tests.apps.arq_worker.WorkerSettings",
-        ROOT,
-        tmp_path / "arq_worker.log",
-        FJ_REDIS_SOCKET=str(redis.socket),
-        FJ_QUEUE=queue,
-    )
-    worker = arq_side.Worker(queue, proc, tmp_path / "arq_worker.log")
-    try:
+    with arq_side.running_worker(redis, tmp_path) as worker:
         async with (
             arq_side.arq_pool(redis) as pool,
             engine_for(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}") as engine,
@@ -91,31 +79,18 @@ async def _arq(redis: RedisServer, tmp_path: Path) -> AsyncIterator[QueueUnderTe
 
             yield QueueUnderTest(
                 "arq task record",
-                lambda: ArqTask("record", pool=lambda s: s["arq"], queue_name=queue),
+                lambda: ArqTask("record", pool=lambda s: s["arq"], queue_name=worker.queue),
                 {"db": engine, "arq": pool},
                 engine,
                 worked,
                 queue_ids,
                 outbox=False,
             )
-    finally:
-        stop(proc)
 
 
 @asynccontextmanager
 async def _celery(redis: RedisServer, tmp_path: Path) -> AsyncIterator[QueueUnderTest]:
-    queue = f"fj-test-{uuid.uuid4().hex[:8]}"
-    log = tmp_path / "celery_worker.log"
-    proc = celery_side.start_worker(
-        "tests.apps.celery_worker",
-        queue,
-        ROOT,
-        log,
-        FJ_REDIS_SOCKET=str(redis.socket),
-        FJ_QUEUE=queue,
-    )
-    worker = celery_side.Worker(queue, proc, log)
-    try:
+    with celery_side.running_worker(redis, tmp_path) as worker:
         async with (
             celery_side.celery_app(redis) as app,
             celery_side.redis_client(redis) as r,
@@ -137,24 +112,14 @@ async def _celery(redis: RedisServer, tmp_path: Path) -> AsyncIterator[QueueUnde
                 queue_ids,
                 outbox=True,
             )
-    finally:
-        stop(proc)
 
 
 @asynccontextmanager
 async def _procrastinate(
     postgres: PostgresServer, tmp_path: Path, driver: str
 ) -> AsyncIterator[QueueUnderTest]:
-    database = procrastinate_side.Database(postgres, postgres.create_database())
-    await procrastinate_side.apply_schema(database.dsn)
-    postgres.psql("CREATE TABLE executions (job_id bigint, kwargs jsonb)", database.name)
-    proc = procrastinate_side.start_worker(
-        "tests.apps.procrastinate_worker.app",
-        ROOT,
-        tmp_path / "worker.log",
-        FJ_PG_DSN=database.dsn,
-    )
-    try:
+    database = await procrastinate_side.fresh_database(postgres)
+    with procrastinate_side.running_worker(database, tmp_path):
         async with engine_for(database.url(driver)) as engine:
 
             async def worked() -> dict[str, list[Mapping[str, Any]]]:
@@ -174,8 +139,6 @@ async def _procrastinate(
                 queue_ids,
                 outbox=True,
             )
-    finally:
-        stop(proc)
 
 
 async def _outbox(engine: AsyncEngine) -> dict[str, str | None]:
@@ -203,12 +166,8 @@ async def queue(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     else:
         redis: RedisServer = request.getfixturevalue("redis")
         made = _arq(redis, tmp_path) if name == "arq" else _celery(redis, tmp_path)
-    try:
-        async with made as under_test:
-            yield under_test
-    finally:
-        if not name.startswith("procrastinate"):
-            request.getfixturevalue("redis").thaw()
+    async with made as under_test:
+        yield under_test
 
 
 async def _all_worked(queue: QueueUnderTest, ticks: list[datetime]) -> bool:
