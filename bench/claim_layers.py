@@ -6,7 +6,7 @@ as driver SQL on a SQLAlchemy connection held open (what the kept connection
 makes of each call), and asyncpg's own prepared statement; and the JSON
 encoding of the rows alone. Medians of ``ITERATIONS`` calls at 1 and at 100
 rows: the fixed cost of a call, and what each row adds. Where the store's time
-goes, for docs/benchmark-notes.md (issue 22); not part of ``python -m bench``.
+goes, for docs/development/benchmark-notes.md (issue 22); not part of ``python -m bench``.
 ``--quick``: 5 calls each, for the smoke test.
 """
 

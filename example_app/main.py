@@ -137,7 +137,7 @@ def refresh_rates() -> None:
 async def remind(ctx: JobContext, user: str, text: str) -> None:
     """A task: schedules made at run time name it (POST /jobs/schedules with
     {"name": "remind-ana", "task": "remind", "schedule": {"every": 3600},
-    "kwargs": {"user": "ana", "text": "stand up"}}): see docs/schedules.md."""
+    "kwargs": {"user": "ana", "text": "stand up"}}): see docs/guides/schedules.md."""
     # What a schedule passes may be private: the log names the user, not the text.
     ctx.logger.info("reminding %s (%d characters)", user, len(text))
 

@@ -12,7 +12,7 @@ that object ``metrics``)::
 loop's other work in between, and serves a rendering again for ``max_age``
 (prometheus_client's ``make_asgi_app`` renders the whole registry in one go on
 the loop: about 0.8 s at 5,000 jobs, during which no request was answered; see
-docs/benchmark-notes.md).
+docs/development/benchmark-notes.md).
 
 Two kinds of figures (every metric is named ``fastapi_jobs_*``; the job is the
 ``job_name`` label, as ``job`` is Prometheus's own target label):

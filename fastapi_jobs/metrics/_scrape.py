@@ -9,7 +9,7 @@ metrics) is rendered by prometheus_client, and gzip runs in a worker thread
 (zlib lets go of the GIL). Not the whole rendering in a thread: a thread
 holding the GIL makes each turn of a busy event loop wait for the GIL's switch
 interval (5 ms), and with 5,000 jobs ticking that made requests wait seconds
-(docs/benchmark-notes.md). A rendering is served again to every scrape within
+(docs/development/benchmark-notes.md). A rendering is served again to every scrape within
 ``max_age`` of it, and scrapes that come while one is made wait for it.
 
 In prometheus_client's multiprocess mode, the files of workers that have ended

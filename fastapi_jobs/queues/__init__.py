@@ -104,7 +104,7 @@ class Handoff(Protocol):
     Example (arq; the app's lifespan yields ``{"arq": pool}``):
 
     ```python
-    # fragment: a hand-off job (docs/queues.md has the whole app)
+    # fragment: a hand-off job (docs/guides/queues.md has the whole app)
     from fastapi_jobs.queues.arq import ArqTask
 
     @scheduler.every(hours=1, enqueue=ArqTask("send_digest", pool=lambda s: s["arq"]))

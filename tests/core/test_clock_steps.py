@@ -1,6 +1,6 @@
 """A step of the host's wall clock (NTP, a VM resumed, `date -s`), seen by the
 scheduler. With a store, jobs tick on the database's time and go on as before;
-without one, ticks are wall-clock instants, as docs/jobs.md says."""
+without one, ticks are wall-clock instants, as docs/guides/jobs.md says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The alert rules as the Prometheus page (docs/metrics.md) shows them, checked and
+"""The alert rules as the Prometheus page (docs/guides/metrics.md) shows them, checked and
 unit-tested by promtool (Prometheus's own rule tester) on series shaped like the
 metrics' (two workers reporting the same cluster figures)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PAGE = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "metrics.md").read_text()
 (RULES,) = re.findall(r"```yaml\n(groups:.*?)```", PAGE, re.DOTALL)
 
 UNIT_TESTS = """

@@ -28,13 +28,13 @@ from ..conftest import serve
 from ..support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TEXTS = {page: page.read_text() for page in PAGES}
 README = TEXTS[ROOT / "README.md"]
 
 
 def page(name: str) -> str:
-    """A docs page's text: ``page("jobs")`` is docs/jobs.md."""
+    """A docs page's text: ``page("guides/jobs")`` is docs/guides/jobs.md."""
     return TEXTS[ROOT / "docs" / f"{name}.md"]
 
 
@@ -237,7 +237,7 @@ def test_every_install_command_installs_this_project() -> None:
 def test_the_status_example_has_every_field_the_api_answers() -> None:
     """The README's `GET /jobs` example shows each field of JobStatus and of its
     `cluster`, no more, no less (it once lacked four that had landed)."""
-    example = json.loads(re.findall(r"```json\n(.*?)```", page("jobs"), re.DOTALL)[0])
+    example = json.loads(re.findall(r"```json\n(.*?)```", page("guides/jobs"), re.DOTALL)[0])
     assert set(example) == set(JobStatus.model_fields)
     assert set(example["cluster"]) == set(ClusterJobStatus.model_fields)
     JobStatus.model_validate(example)  # and each value has the right shape
@@ -245,7 +245,7 @@ def test_the_status_example_has_every_field_the_api_answers() -> None:
 
 def api_table() -> list[tuple[str, str]]:
     """The README's API table: (what is called, what it is), one pair a row."""
-    table = page("reference").partition("\n## At a glance\n")[2].strip("\n").partition("\n\n")[0]
+    table = page("reference/api").partition("\n## At a glance\n")[2].strip("\n").partition("\n\n")[0]
     rows = []
     for line in table.splitlines()[2:]:  # after the header
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]

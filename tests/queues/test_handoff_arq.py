@@ -210,7 +210,7 @@ async def test_a_frozen_redis_fails_the_runs_and_nothing_runs_twice(
         # Each enqueue cut on the frozen Redis left redis-py's pipeline holding its
         # connection (its cleanup needs Redis to answer, and was cut too): Python
         # closes them when it collects them, with a ResourceWarning, as
-        # docs/queues.md says. Collected here, so that no later test gets the warning.
+        # docs/guides/queues.md says. Collected here, so that no later test gets the warning.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
@@ -329,8 +329,8 @@ def test_enqueue_must_be_a_handoff() -> None:
 
 
 def _page_fragment(first_line_start: str) -> str:
-    """The Python block of docs/queues.md whose first line starts so."""
-    text = (ROOT / "docs" / "queues.md").read_text()
+    """The Python block of docs/guides/queues.md whose first line starts so."""
+    text = (ROOT / "docs" / "guides" / "queues.md").read_text()
     found: list[str] = [
         code
         for code in re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)

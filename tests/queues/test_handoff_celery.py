@@ -509,7 +509,7 @@ async def test_a_claimer_killed_around_its_send_leaves_each_tick_worked_once(
     window = [t for t in ticks if ticks[0] <= t <= end]
     expected = [ticks[0] + interval * k for k in range(round((end - ticks[0]) / interval) + 1)]
     # The ticks due while the dead claim holds the job may be refused
-    # (docs/queues.md); no other.
+    # (docs/guides/queues.md); no other.
     lost = refused_after_a_dead_claimer(chosen.timestamp(), interval, lease)
     assert set(expected) - set(window) <= lost, ticks
     [(outcome, by)] = rows(

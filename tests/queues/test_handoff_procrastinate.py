@@ -381,8 +381,8 @@ def test_a_task_that_cannot_work_is_refused_when_declared(make: Any, said: str) 
 
 
 def _page_fragment(first_line_start: str) -> str:
-    """The Python block of docs/queues.md whose first line starts so."""
-    text = (ROOT / "docs" / "queues.md").read_text()
+    """The Python block of docs/guides/queues.md whose first line starts so."""
+    text = (ROOT / "docs" / "guides" / "queues.md").read_text()
     found: list[str] = [
         code
         for code in re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
@@ -523,7 +523,7 @@ async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_in_the_queue
     _ran_once_each(executions, jobs)
     window = [t for t in in_queue if t <= end]
     # The ticks due while the dead claim holds the job may be refused (see
-    # docs/queues.md); no other.
+    # docs/guides/queues.md); no other.
     expected = [window[0] + interval * k for k in range(round((end - window[0]) / interval) + 1)]
     lost = refused_after_a_dead_claimer(chosen, interval, lease)
     assert set(expected) - set(window) <= lost, (expected, window)

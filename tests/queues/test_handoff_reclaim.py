@@ -395,7 +395,7 @@ async def test_a_claimer_killed_around_its_enqueue_leaves_each_tick_executed_onc
     window = [t for t in ticks if ticks[0] <= t <= end]
     expected = [ticks[0] + interval * k for k in range(round((end - ticks[0]) / interval) + 1)]
     # The ticks due while the dead claim holds the job may be refused (see
-    # docs/queues.md); no other.
+    # docs/guides/queues.md); no other.
     missing = set(expected) - set(window)
     assert missing <= refused_after_a_dead_claimer(chosen.timestamp(), interval, lease), (
         missing,

@@ -1,5 +1,5 @@
 """The store's tables made by the app's migrations: ``include_tables`` with real
-Alembic (the env.py of docs/migrations.md), and ``create_tables=False``, which
+Alembic (the env.py of docs/guides/migrations.md), and ``create_tables=False``, which
 never creates nor alters anything."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fastapi_jobs.stores import SQLAlchemyStore, include_tables
 from ..conftest import claim1, open_store, release1
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = (ROOT / "docs" / "migrations.md").read_text()
+PAGE = (ROOT / "docs" / "guides" / "migrations.md").read_text()
 FRAGMENTS: dict[str, str] = {
     code.splitlines()[0]: code
     for code in re.findall(r"^```python\n(.*?)^```", PAGE, re.DOTALL | re.MULTILINE)

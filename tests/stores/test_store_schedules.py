@@ -298,7 +298,7 @@ async def test_a_write_to_a_store_that_is_down_changes_nothing(database_url: str
 async def test_the_tenant_example_makes_changes_and_removes_over_http(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/schedules.md's app, as its reader runs it: PUT makes the tenant's
+    """docs/guides/schedules.md's app, as its reader runs it: PUT makes the tenant's
     schedule and re-times it, bad input is a 422, DELETE removes it, and the
     schedule is back in a second start of the app."""
     (code,) = [c for p, c in blocks("python") if p.name == "schedules.md" and "app =" in c]
@@ -308,7 +308,7 @@ async def test_the_tenant_example_makes_changes_and_removes_over_http(
 
     def load() -> Any:
         namespace: dict[str, Any] = {"__name__": "docs_schedules"}
-        exec(compile(code, "docs/schedules.md", "exec"), namespace)
+        exec(compile(code, "docs/guides/schedules.md", "exec"), namespace)
         return namespace
 
     first = load()

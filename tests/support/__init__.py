@@ -6,7 +6,7 @@
 - ``waiting``: ``poll`` (in an event loop) and ``wait_until`` (outside one).
 - ``ports``: ``free_port``.
 - ``pauses``: the pauser (``python -m tests.pauses``) and its pytest plugin.
-- ``screenshot``: retakes the status page's screenshot, docs/status-page.png
+- ``screenshot``: retakes the status page's screenshot, docs/guides/status-page.png
   (``python -m tests.support.screenshot``).
 
 A package inside tests/ rather than a top-level one: the repository's top level

@@ -1,6 +1,6 @@
 """Take the docs' screenshot of the example app's status page.
 
-    python -m tests.support.screenshot   # writes docs/status-page.png
+    python -m tests.support.screenshot   # writes docs/guides/status-page.png
 
 Starts the example app (uvicorn, a temporary SQLite file), runs its jobs a few
 times through the control endpoints (refresh_rates fails every third call), and
@@ -60,7 +60,7 @@ def main() -> None:
                     color_scheme="light",
                 )
                 page.goto(base + "/jobs/ui")
-                page.screenshot(path=ROOT / "docs" / "status-page.png", full_page=True)
+                page.screenshot(path=ROOT / "docs" / "guides" / "status-page.png", full_page=True)
                 browser.close()
         finally:
             app.terminate()

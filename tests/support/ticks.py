@@ -15,7 +15,7 @@ from .cluster import App, rows
 def claimed_as_stopping(apps: Sequence[App], job: str) -> dict[float, int]:
     """The ticks of ``job`` (and their fences) an instance claimed as it stopped,
     before their run began: released unrun, as its log says, and by then the
-    other instances had passed them (a lost tick, as docs/instances.md says)."""
+    other instances had passed them (a lost tick, as docs/guides/instances.md says)."""
     said = re.compile(rf"job '{job}': tick (\S+) \(fence (\d+)\) was claimed as the app stopped")
     return {
         datetime.fromisoformat(tick).timestamp(): int(fence)
