@@ -58,6 +58,7 @@ MARKED_BY = {
     # A server whose clock the test steps (tests/core/test_clock_steps.py).
     "stepped_postgres": "postgres",
     "apps": "processes",  # app processes in uvicorn sharing a database (tests/support/cluster.py)
+    "newcomer": "processes",  # the tutorial's app on three workers (tests/project/test_tutorial.py)
     "browser": "browser",  # headless Chromium (tests/web/test_page_browser.py)
     "redis": "redis",  # a real Redis server (tests/support/redis.py)
 }
