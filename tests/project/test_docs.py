@@ -245,7 +245,9 @@ def test_the_status_example_has_every_field_the_api_answers() -> None:
 
 def api_table() -> list[tuple[str, str]]:
     """The README's API table: (what is called, what it is), one pair a row."""
-    table = page("reference/api").partition("\n## At a glance\n")[2].strip("\n").partition("\n\n")[0]
+    table = (
+        page("reference/api").partition("\n## At a glance\n")[2].strip("\n").partition("\n\n")[0]
+    )
     rows = []
     for line in table.splitlines()[2:]:  # after the header
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
