@@ -24,6 +24,7 @@ from fastapi_jobs import Outcome, Scheduler
 from fastapi_jobs.stores import Ended, Instance, SQLAlchemyStore, Store
 from fastapi_jobs.testing import LoopClock
 
+from .support.browser import chromium
 from .support.cluster import App
 from .support.pgbouncer import PgBouncer
 from .support.postgres import PostgresServer
@@ -218,6 +219,13 @@ def cluster_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite+aiosqlite:///{tmp_path / 'cluster.sqlite3'}"
     server: PostgresServer = request.getfixturevalue("postgres")
     return server.url(server.create_database())
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium, one a module (the status page's tests, the docs site's)."""
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

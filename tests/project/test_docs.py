@@ -229,7 +229,9 @@ def test_every_install_command_installs_this_project() -> None:
         ours = path in (".", "./", "path/to/clone", NAME) or re.fullmatch(
             r"\S*/fastapi_scheduled_jobs-\S+\.whl", path
         )
-        assert ours, f"{where}: pip install {target} is not this project"
+        # The tutorial's test tools: named for what they are, not for this project.
+        tools = where == "tutorial.md" and path == "pytest"
+        assert ours or tools, f"{where}: pip install {target} is not this project"
         for extra in filter(None, wanted.rstrip("]").split(",")):
             assert extra in extras, f"{where}: pip install {target}: no extra {extra!r}"
 

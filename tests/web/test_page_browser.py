@@ -6,10 +6,7 @@ sends it, which is what makes CSRF possible at all)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,24 +22,10 @@ from ..conftest import open_store
 from ..support.cluster import App
 from ..support.waiting import wait_until
 
-PASSWORD = "s3cret-for-the-page"
-JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE, "tenant-report"]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
 sync_api = pytest.importorskip("playwright.sync_api")
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is missing: .ci/run installs Debian's chromium package")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    with sync_api.sync_playwright() as playwright:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox cannot start.
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
+PASSWORD = "s3cret-for-the-page"
+JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE, "tenant-report"]
 
 
 async def seed_schedules(url: str) -> None:
