@@ -74,3 +74,25 @@ def test_on_a_phone_only_code_scrolls_sideways(site: Path, browser: Any) -> None
         if page.evaluate("() => document.documentElement.scrollWidth") > PHONE["width"]:
             wide.append(name)
     assert not wide, wide
+
+
+def test_copying_a_terminal_block_copies_its_commands_alone(site: Path, browser: Any) -> None:
+    """The tutorial's blocks show `$ ` prompts and output; the copy button gives
+    what the reader pastes into a terminal: the commands, one a line."""
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto((site / "tutorial" / "index.html").as_uri())
+    copied = page.evaluate(
+        """() => [...document.querySelectorAll('.language-console pre > code')].map(code => {
+            code.setAttribute('data-md-copying', '');  // as Material's copy button does
+            const text = code.innerText.trimEnd();
+            code.removeAttribute('data-md-copying');
+            return text;
+        })"""
+    )
+    assert (
+        copied[0]
+        == "mkdir jobs-tutorial\ncd jobs-tutorial\npython3 -m venv .venv\n. .venv/bin/activate"
+    )
+    # A block with output: the command alone.
+    assert copied[2] == "uvicorn main:app"
+    assert not [text for text in copied if "$ " in text or "INFO" in text]
