@@ -33,10 +33,12 @@ _PAGE_HEADERS = {
 
 def build_router(seam: Seam) -> APIRouter:
     router = APIRouter(prefix="/jobs", tags=["jobs"])
-    _add_page(router, seam)  # before /{name}, which would take "ui" for a job's name
+    # The page and its assets before /{name}: "ui" is a reserved name
+    # (_core/declarations.RESERVED), never a job's, and the routes say so by their order.
+    _add_page(router, seam)
     _add_status(router, seam)
     _add_runs(router, seam)
-    _add_assets(router)  # after /{name}/runs: a job named "ui" has its runs at /jobs/ui/runs
+    _add_assets(router)
     return router
 
 
