@@ -175,7 +175,10 @@ def _at(ref: str, path: Path) -> Measure | None:
             raise FileNotFoundError(p)
         return shown.stdout
 
-    for candidate in (path, *_renamed_from(ref, path)):
+    # A page rewritten as it moved is past git's rename detection: its old
+    # name in docs/ is tried too (docs/guides/jobs.md was docs/jobs.md).
+    candidates = (path, *_renamed_from(ref, path), ROOT / "docs" / path.name)
+    for candidate in candidates:
         try:
             return Measure.of(_name(path), page_text(candidate, read))
         except FileNotFoundError:
@@ -186,7 +189,7 @@ def _at(ref: str, path: Path) -> Measure | None:
 def _renamed_from(ref: str, path: Path) -> list[Path]:
     """Where git says ``path`` was at ``ref``, if it moved since."""
     diff = subprocess.run(
-        ["git", "diff", "--name-status", "-M", ref, "--", "docs", "README.md"],
+        ["git", "diff", "--name-status", "-M20%", ref, "--", "docs", "README.md"],
         cwd=ROOT,
         capture_output=True,
         text=True,
