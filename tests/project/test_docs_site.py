@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
+# The site's build and a browser over every page: ~25 s of one worker, which the
+# README's 4-minute command cannot take; .ci/run's slow pass runs them.
+pytestmark = pytest.mark.slow
+
 # Code and output blocks whose content is wider than the block: the reader would
 # scroll sideways inside them. Tables are measured the same way.
 WIDER_THAN_SHOWN = """() => [
