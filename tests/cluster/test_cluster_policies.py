@@ -14,10 +14,7 @@ the jitter.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,22 +34,6 @@ JITTER = 0.4
 LEASE = 1.5
 # From its tick: past four ticks, half an interval from the next (see the app).
 LONG = 2.25
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Headless Chromium, as tests/web/test_page_browser.py starts it."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is missing: .ci/run installs Debian's chromium package")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    with sync_api.sync_playwright() as playwright:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox cannot start.
-        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
