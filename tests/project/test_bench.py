@@ -103,7 +103,10 @@ def test_the_claim_layers_bench_prints_each_layer(postgres: PostgresServer) -> N
         "| the rows' JSON encoding alone",
     ]
     for row in rows:
-        assert all(float(cell) >= 0 for cell in row.strip("| ").split(" | ")[1:]), row
+        one, many, per_row = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+        # The per-row figure is a difference of two timings: in --quick's few
+        # rounds, noise can make it negative (CI saw -0.51 µs). The timings can't be.
+        assert one > 0 and many > 0 and abs(per_row) < many, row
 
 
 def test_bench_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path) -> None:

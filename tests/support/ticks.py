@@ -34,19 +34,17 @@ def assert_none_left_out(
     SQLite's lock; the store's history has when each run released. Instances
     agree on the database's time to within a few milliseconds: a tick due just
     after a release may have been claimed just before it.)"""
-    released = dict(
-        rows(url, "SELECT tick, finished_at FROM fastapi_jobs_runs WHERE job = :job", job=job)
-    )
     unrun = claimed_as_stopping(apps, job)
+    held = dropped_while_held(url, job, ticks, interval)
     for ran, next_ran in itertools.pairwise(sorted(ticks)):
         left_out = [ran + k * interval for k in range(1, round((next_ran - ran) / interval))]
-        held = [
+        unexplained = [
             tick
             for tick in left_out
-            if tick <= released.get(ran, -1.0) + 0.02 or any(abs(tick - t) < 1e-3 for t in unrun)
+            if tick not in held and not any(abs(tick - t) < 1e-3 for t in unrun)
         ]
-        assert left_out == held, (
-            f"{job}: ticks left out after {ran} (released at {released.get(ran)}): {left_out}; "
+        assert not unexplained, (
+            f"{job}: ticks left out after {ran}: {unexplained}; "
             f"claimed as an instance stopped: {sorted(unrun)}; "
             f"the instances warned:\n{warnings(apps)}"
         )
@@ -60,6 +58,23 @@ def warnings(apps: Sequence[App]) -> str:
         for line in app.output().splitlines()
         if line.startswith(("WARNING", "ERROR"))
     )
+
+
+def dropped_while_held(url: str, job: str, ticks: Sequence[float], interval: float) -> set[float]:
+    """The ticks of ``job`` between those run (``ticks``) that came due while
+    the run before them still held the job's claim: dropped, not queued, as the
+    docs promise. At a 1 s interval a hand-off's send can outlast the interval
+    on a loaded machine (CI saw it); the store's history says when each run
+    released (instances agree on the database's time to a few milliseconds)."""
+    released = dict(
+        rows(url, "SELECT tick, finished_at FROM fastapi_jobs_runs WHERE job = :job", job=job)
+    )
+    return {
+        ran + k * interval
+        for ran, next_ran in itertools.pairwise(sorted(ticks))
+        for k in range(1, round((next_ran - ran) / interval))
+        if ran + k * interval <= released.get(ran, -1.0) + 0.02
+    }
 
 
 def refused_after_a_dead_claimer(chosen: float, interval: float, lease: float) -> set[float]:
