@@ -14,6 +14,7 @@ from ._clock import Clock, SystemClock
 from ._context import JobContext
 from ._control import TriggeredRun
 from ._dynamic.bounds import ScheduleBounds
+from ._dynamic.sets import AppliedSchedules, ScheduleSpec
 from ._dynamic.stored import StoredSchedule
 from ._errors import (
     ConfigurationError,
@@ -21,10 +22,12 @@ from ._errors import (
     JobNotFoundError,
     JobRunningError,
     LeaseLostError,
+    NameTakenError,
     NotRunningError,
     RunReplacedError,
     StoreError,
     TickAheadError,
+    TooManySchedulesError,
     UnconfirmedError,
 )
 from ._job import Job
@@ -43,6 +46,7 @@ from ._status import (
 )
 
 __all__ = [
+    "AppliedSchedules",
     "BackfillResult",
     "BackfillTick",
     "Clock",
@@ -60,6 +64,7 @@ __all__ = [
     "JobRunningError",
     "JobStatus",
     "LeaseLostError",
+    "NameTakenError",
     "NotRunningError",
     "Outcome",
     "PauseState",
@@ -68,11 +73,13 @@ __all__ = [
     "RunResult",
     "Schedule",
     "ScheduleBounds",
+    "ScheduleSpec",
     "Scheduler",
     "StoreError",
     "StoredSchedule",
     "SystemClock",
     "TickAheadError",
+    "TooManySchedulesError",
     "TriggeredRun",
     "UnconfirmedError",
 ]

@@ -9,6 +9,7 @@ The hierarchy::
     ├── JobRunningError         asked to run a job that is already running
     ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
     ├── NotRunningError         asked to trigger a job while the scheduler is not running
+    ├── TooManySchedulesError   a schedule past the most the scheduler keeps (max_schedules)
     └── StoreError              the store cannot be used as configured
         └── UnconfirmedError    a change went to the store, whose answer did not come back
 """
@@ -29,6 +30,7 @@ __all__ = [
     "NotRunningError",
     "StoreError",
     "TickAheadError",
+    "TooManySchedulesError",
     "UnconfirmedError",
     "short",
 ]
@@ -97,6 +99,18 @@ class RunReplacedError(FastAPIJobsError):
 
 class NotRunningError(FastAPIJobsError, RuntimeError):
     """Raised when a job is triggered while the scheduler is not running (or stopping)."""
+
+
+class TooManySchedulesError(FastAPIJobsError):
+    """Raised when making schedules would take the live ones past
+    ``Scheduler(max_schedules=)``: nothing was made (the control router answers 409)."""
+
+    def __init__(self, live: int, asked: int, most: int) -> None:
+        self.live, self.asked, self.most = live, asked, most
+        super().__init__(
+            f"{live} schedule(s) are live and this would make {asked} more; the most is "
+            f"{most} (Scheduler(max_schedules=)): remove some, or raise the bound"
+        )
 
 
 class StoreError(FastAPIJobsError):

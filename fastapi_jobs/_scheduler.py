@@ -11,7 +11,7 @@ private attributes.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
@@ -32,8 +32,9 @@ from ._core.pauses import Pauses
 from ._core.reader import Reader
 from ._core.runner import HISTORY
 from ._core.seam import Seam
-from ._dynamic.book import ScheduleBook
+from ._dynamic.book import MAX_SCHEDULES, ScheduleBook, check_max_schedules
 from ._dynamic.bounds import ScheduleBounds
+from ._dynamic.sets import AppliedSchedules, ScheduleSpec
 from ._dynamic.stored import ScheduleOptions, StoredSchedule
 from ._errors import ConfigurationError, short
 from ._job import Job, JobOptions, check_options
@@ -85,6 +86,9 @@ class Scheduler:
             claimed in a store are in the store's history instead.
         observers: told about each run and each skipped tick (see
             `Observer`); more with `add_observer`.
+        max_schedules: the most live schedules made at run time (100,000 by
+            default; None for no bound). Each instance holds every one. A
+            schedule past it is refused with `TooManySchedulesError`.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Scheduler:
         clock: Clock | None = None,
         history: int = HISTORY,
         observers: Sequence[object] = (),
+        max_schedules: int | None = MAX_SCHEDULES,
     ) -> None:
         if shutdown_timeout is not None:
             shutdown_timeout = seconds(
@@ -104,6 +109,7 @@ class Scheduler:
             )
         check_parts(lifespan, logger, store, clock)
         history = check_history(history)
+        max_schedules = check_max_schedules(max_schedules)
         logger = logger or logging.getLogger(LIBRARY)
         clock = clock or SystemClock()
         # Jobs tick on this clock: with a store, shifted onto the database's.
@@ -127,7 +133,7 @@ class Scheduler:
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
         self._current = CurrentRun()
-        self._book = ScheduleBook(parts, self._current, pauses)
+        self._book = ScheduleBook(parts, self._current, pauses, max_schedules)
         if store is not None and on_db_time is not None:
             parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
             if parts.capabilities.schedules is not None:
@@ -427,6 +433,30 @@ class Scheduler:
         claims a tick of it; a run going ends as it would have. Raises
         `JobNotFoundError` for an unknown name, else as `add_schedule`."""
         await self._seam.remove_schedule(name)
+
+    async def apply_schedules(
+        self, group: str, schedules: Iterable[ScheduleSpec]
+    ) -> AppliedSchedules:
+        """Make the schedules of ``group`` (a tenant, a source) exactly
+        ``schedules``, in one transaction: those missing are made, those whose
+        task, schedule, kwargs or options differ are changed, the group's others
+        are removed, the rest are left as they are (their versions kept). So
+        the same set may be applied at every deploy::
+
+            await scheduler.apply_schedules(
+                "reports",
+                [ScheduleSpec(f"report-{t}", "report", Cron("0 7 * * *"), kwargs={"tenant": t})
+                 for t in tenants],
+            )
+
+        Once this returns, no instance claims a tick of a schedule it removed
+        or changed under the old spec. Raises `ConfigurationError` for a
+        schedule that cannot be (nothing applied), `NameTakenError` when a
+        live schedule outside the group has one of the names,
+        `TooManySchedulesError` past ``max_schedules``, and `StoreError` or
+        `UnconfirmedError` as `add_schedule` does.
+        """
+        return await self._seam.apply_schedules(group, schedules)
 
     async def schedules(self) -> list[StoredSchedule]:
         """Every schedule made at run time, by name (with a store: as the store

@@ -233,6 +233,18 @@ class ScheduleRow(NamedTuple):
     version: int
     updated_at: float
     removed: bool
+    group: str | None = None
+    """The set it was applied with (`ScheduleTable.apply`); None: made one by one."""
+
+
+class AppliedRows(NamedTuple):
+    """What `ScheduleTable.apply` wrote: the rows created, changed and removed
+    (as written, in that order), and how many were left as they were."""
+
+    created: list[ScheduleRow]
+    changed: list[ScheduleRow]
+    removed: list[ScheduleRow]
+    unchanged: int
 
 
 @runtime_checkable
@@ -241,8 +253,11 @@ class ScheduleTable(Protocol):
     write is made within the store's timeout or not at all (`StoreError`), as a
     pause is (`Store.pause`), and returns the row as written."""
 
-    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
-        """Insert; None if a live schedule has the name."""
+    async def create(
+        self, name: str, task: str, spec: str, most: int | None = None
+    ) -> ScheduleRow | None:
+        """Insert; None if a live schedule has the name. `TooManySchedulesError`
+        if ``most`` live schedules exist already (nothing written)."""
 
     async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
         """Replace the spec of the live schedule ``name`` whose version is still
@@ -258,6 +273,20 @@ class ScheduleTable(Protocol):
     async def changes(self, since: int) -> list[ScheduleRow]:
         """The rows changed at or after version ``since``, removals included
         (``since`` 0: every live row)."""
+
+    async def apply(
+        self,
+        group: str,
+        rows: Mapping[str, tuple[str, str]],
+        most: int | None,
+        within: float,
+    ) -> AppliedRows:
+        """Make the live schedules of ``group`` exactly ``rows`` (name: task,
+        spec), in one transaction made within ``within`` seconds or not at all:
+        rows created, changed where the task or spec differs (version bumped),
+        removed where not given; the others untouched. `NameTakenError` if a
+        live schedule outside the group has one of the names, and
+        `TooManySchedulesError` past ``most`` live schedules: nothing written."""
 
 
 Refused = Literal["ran", "held", "changed"]

@@ -10,7 +10,7 @@ imports none of the integrations (nor the scheduler): no import cycle.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -19,6 +19,7 @@ from .._backfill.results import BackfillResult
 from .._backfill.runs import Backfills, Progress
 from .._control import TriggeredRun
 from .._dynamic.book import ScheduleBook
+from .._dynamic.sets import AppliedSchedules, ScheduleSpec
 from .._dynamic.stored import StoredSchedule
 from .._job import Job
 from .._results import RunResult
@@ -190,6 +191,11 @@ class Seam:
 
     async def remove_schedule(self, name: str) -> None:
         await self._book.remove(name)
+
+    async def apply_schedules(
+        self, group: str, schedules: Iterable[ScheduleSpec]
+    ) -> AppliedSchedules:
+        return await self._book.apply(group, schedules)
 
     def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
         """Run ``service`` as a task of each run of the jobs (cancelled as they stop)."""

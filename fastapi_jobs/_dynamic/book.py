@@ -15,14 +15,14 @@ itself is the truth, for this process.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 import anyio
 
-from .._checks import check_name
+from .._checks import check_name, is_whole
 from .._core.declarations import RESERVED
 from .._core.lifecycle import CurrentRun
 from .._core.parts import Parts
@@ -33,13 +33,16 @@ from .._errors import (
     JobNotFoundError,
     NameTakenError,
     StoreError,
+    TooManySchedulesError,
     UnconfirmedError,
+    short,
 )
 from .._schedules import Schedule
 from .._status import ErrorInfo
-from .._store import ScheduleRow
+from .._store import AppliedRows, ScheduleRow, ScheduleTable
 from .changes import ScheduleChanges
 from .jobs import StoredJobs
+from .sets import AppliedSchedules, ScheduleSpec
 from .stored import (
     StoredSchedule,
     Task,
@@ -50,7 +53,23 @@ from .stored import (
     task_of,
 )
 
-__all__ = ["ScheduleBook"]
+__all__ = ["MAX_SCHEDULES", "ScheduleBook", "check_max_schedules"]
+
+MAX_SCHEDULES = 100_000
+"""``Scheduler(max_schedules=)``'s default: the most live schedules. Each instance
+holds every one (about 2 KiB each) and reads them at start; the bench measures
+100,000 (BENCHMARKS.md)."""
+
+
+def check_max_schedules(most: object) -> int | None:
+    """``Scheduler(max_schedules=)``, checked."""
+    if most is not None and not is_whole(most, 1, 10**9):
+        raise ConfigurationError(
+            f"Scheduler(max_schedules={short(most)}): the most live schedules, a whole "
+            "number from 1, or None for no bound"
+        )
+    return most
+
 
 # A write is waited for this many store timeouts, as a pause is.
 _CHANGE_WAIT = 3
@@ -61,8 +80,12 @@ _TRIES = 3
 class ScheduleBook(ScheduleChanges):
     """The functions schedules may name, and the stored schedules of one scheduler."""
 
-    def __init__(self, parts: Parts, current: CurrentRun, pauses: Pauses) -> None:
+    def __init__(
+        self, parts: Parts, current: CurrentRun, pauses: Pauses, most: int | None = None
+    ) -> None:
         self._parts = parts
+        self.most = most
+        """The most live schedules (``Scheduler(max_schedules=)``; None: no bound)."""
         self._current = current
         self._pauses = pauses
         self.tasks: dict[str, tuple[Task, bool]] = {}
@@ -140,9 +163,13 @@ class ScheduleBook(ScheduleChanges):
         row: ScheduleRow | None
         if table is None:
             warn_if_in_several_processes(self._parts.logger, name)
+            most, live = self.most, len(self.schedules)
+            if name not in self.schedules and most is not None and live >= most:
+                raise TooManySchedulesError(live, 1, most)
             row = None if name in self.schedules else self._local(name, task, spec)
         else:
-            row = await self._write("create", name, partial(table.create, name, task, spec))
+            create = partial(table.create, name, task, spec, self.most)
+            row = await self._write("create", name, create)
         if row is None:
             raise NameTakenError(f"a schedule named {name!r} exists: change it instead")
         made = self._applied(row)
@@ -219,6 +246,118 @@ class ScheduleBook(ScheduleChanges):
             raise self._not_found(name)
         self._applied(row)
 
+    async def apply(self, group: str, wanted: Iterable[ScheduleSpec]) -> AppliedSchedules:
+        """Make the live schedules of ``group`` exactly ``wanted``: with a store,
+        in one transaction, and applied here at once (the other instances at
+        their next heartbeat)."""
+        try:
+            # A group's name goes where a job's does (URLs, logs, a VARCHAR(200)).
+            group = check_name(group)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"apply_schedules(): the group's name: {exc}") from None
+        rows: dict[str, tuple[str, str]] = {}
+        given: dict[str, ScheduleSpec] = {}
+        for spec in wanted:
+            if not isinstance(spec, ScheduleSpec):
+                raise ConfigurationError(
+                    f"apply_schedules({group!r}): {short(spec)} is not a ScheduleSpec: give "
+                    "ScheduleSpec(name, task, schedule, kwargs=..., options=...) for each"
+                )
+            name = self._refuse_declared(spec.name)
+            if name in rows:
+                raise ConfigurationError(
+                    f"apply_schedules({group!r}): schedule {name!r} is given twice: give each "
+                    "name once"
+                )
+            rows[name] = self._check(name, spec.task, spec.schedule, spec.kwargs, spec.options)
+            given[name] = spec
+        table = self._table
+        if table is None:
+            warn_if_in_several_processes(self._parts.logger, group)
+            answer = self._apply_here(group, rows)
+            made = [self._apply(row) for row in (*answer.created, *answer.changed, *answer.removed)]
+        else:
+            # A set of 100,000 takes seconds to write: a millisecond a row on top
+            # of a change's wait.
+            within = _CHANGE_WAIT * self._store_timeout() + len(rows) / 1000
+            answer = await self._write_set(group, table, rows, within)
+            made = [
+                self._applied(row) for row in (*answer.created, *answer.changed, *answer.removed)
+            ]
+        for stored in made[: len(answer.created) + len(answer.changed)]:
+            options = given[stored.name].options
+            if "paused" in options:
+                await self._pause(stored, paused=bool(options["paused"]), verb="applied")
+        return AppliedSchedules(
+            group,
+            created=tuple(row.name for row in answer.created),
+            changed=tuple(row.name for row in answer.changed),
+            removed=tuple(row.name for row in answer.removed),
+            unchanged=answer.unchanged,
+        )
+
+    async def _write_set(
+        self,
+        group: str,
+        table: ScheduleTable,
+        rows: dict[str, tuple[str, str]],
+        within: float,
+    ) -> AppliedRows:
+        """`ScheduleTable.apply`, told as a change is: `StoreError` when nothing
+        changed, `UnconfirmedError` when it may have."""
+        try:
+            with anyio.fail_after(within):
+                return await table.apply(group, rows, self.most, within)
+        except (NameTakenError, TooManySchedulesError):
+            raise  # refused, nothing written: it says why
+        except StoreError as exc:
+            raise StoreError(
+                f"cannot apply the schedules of group {group!r}: {exc}; nothing changed: ask "
+                "again once the store answers"
+            ) from exc
+        except Exception as exc:
+            raise UnconfirmedError(
+                f"the store did not confirm the schedules of group {group!r} in time "
+                f"({ErrorInfo.of(exc)}): they may have been applied; GET /jobs/schedules "
+                "shows whether they were, and applying the same set again is safe"
+            ) from exc
+
+    def _apply_here(self, group: str, rows: dict[str, tuple[str, str]]) -> AppliedRows:
+        """Without a store: the book is the truth, for this process."""
+        current = {
+            name: (s.task, encode(s.schedule, dict(s.kwargs), dict(s.options)))
+            for name, s in self.schedules.items()
+            if s.group == group
+        }
+        new = [name for name in rows if name not in current]
+        taken = [name for name in new if name in self.schedules]
+        if taken:
+            raise NameTakenError(
+                f"{len(taken)} of the schedules' names are taken by schedules outside group "
+                f"{group!r} ({', '.join(repr(n) for n in taken[:5])}): remove those, or "
+                "leave them out; nothing was applied"
+            )
+        changed = [name for name in rows if name in current and current[name] != rows[name]]
+        gone = [name for name in current if name not in rows]
+        live = len(self.schedules)
+        if (
+            self.most is not None
+            and len(new) > len(gone)
+            and live - len(gone) + len(new) > self.most
+        ):
+            raise TooManySchedulesError(live, len(new) - len(gone), self.most)
+        now = time.time()
+
+        def row(name: str, task: str, spec: str, removed: bool) -> ScheduleRow:
+            return ScheduleRow(name, task, spec, self._next(), now, removed, group)
+
+        return AppliedRows(
+            created=[row(n, *rows[n], False) for n in new],
+            changed=[row(n, *rows[n], False) for n in changed],
+            removed=[row(n, current[n][0], "", True) for n in gone],
+            unchanged=len(rows) - len(new) - len(changed),
+        )
+
     async def list(self) -> list[StoredSchedule]:
         """Every schedule, as the store has it now (and applied here)."""
         table = self._table
@@ -264,6 +403,8 @@ class ScheduleBook(ScheduleChanges):
             with anyio.fail_after(_CHANGE_WAIT * self._store_timeout()):
                 row: ScheduleRow | None = await write()
                 return row
+        except TooManySchedulesError:
+            raise  # refused before the write: nothing changed, and it says why
         except StoreError as exc:
             raise StoreError(
                 f"cannot {verb} schedule {name!r}: {exc}; nothing changed: ask again once "

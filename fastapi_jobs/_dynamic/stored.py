@@ -90,6 +90,8 @@ class StoredSchedule:
     """Why this instance leaves it alone (its task missing, arguments its task
     does not take, a spec it cannot read, a declared job's name); None while it
     runs it."""
+    group: str | None = None
+    """The set it was applied with (`Scheduler.apply_schedules`); None: made by name."""
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON form, as the API and the CLI show it (``schedule`` None: a
@@ -111,6 +113,7 @@ class StoredSchedule:
             else self.updated_at.isoformat().replace("+00:00", "Z"),  # as the API's models
             "known": self.known,
             "left_alone": self.left_alone,
+            "group": self.group,
         }
 
 
@@ -334,4 +337,5 @@ def decode(row: ScheduleRow, known: bool) -> StoredSchedule:
         version=row.version,
         updated_at=as_datetime(row.updated_at) if math.isfinite(row.updated_at) else None,
         known=known,
+        group=row.group,
     )

@@ -32,10 +32,25 @@ from datetime import timedelta
 import anyio.lowlevel
 
 from .._clock import Clock, SystemClock, as_datetime
-from .._errors import ConfigurationError, StoreError, TickAheadError, short
+from .._errors import (
+    ConfigurationError,
+    NameTakenError,
+    StoreError,
+    TickAheadError,
+    TooManySchedulesError,
+    short,
+)
 from .._results import Outcome
 from .._status import ClusterJobStatus, ClusterView, ErrorInfo, InstanceStatus, RunRecord, utc
-from .._store import FUTURE_MARGIN, REPLACED_BY, Ended, Instance, Refused, ScheduleRow
+from .._store import (
+    FUTURE_MARGIN,
+    REPLACED_BY,
+    AppliedRows,
+    Ended,
+    Instance,
+    Refused,
+    ScheduleRow,
+)
 from ._operations import NOT_OPEN
 from ._options import check_claims
 
@@ -450,21 +465,28 @@ class _Schedules:
         await anyio.lowlevel.checkpoint()
         self._store._opened()
 
-    def _write(self, name: str, task: str, spec: str, removed: bool) -> ScheduleRow:
+    def _write(
+        self, name: str, task: str, spec: str, removed: bool, group: str | None = None
+    ) -> ScheduleRow:
         rows, now = self._database.schedules, self._database.now()
         old = rows.get(name)
         version = _next_version(-1 if old is None else old.version, now)
-        rows[name] = row = ScheduleRow(name, task, spec, version, now, removed)
+        rows[name] = row = ScheduleRow(name, task, spec, version, now, removed, group)
         return row
 
     def _live(self, name: str) -> ScheduleRow | None:
         row = self._database.schedules.get(name)
         return None if row is None or row.removed else row
 
-    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
+    async def create(
+        self, name: str, task: str, spec: str, most: int | None = None
+    ) -> ScheduleRow | None:
         await self._ready()
         if self._live(name) is not None:
             return None
+        live = sum(not row.removed for row in self._database.schedules.values())
+        if most is not None and live >= most:
+            raise TooManySchedulesError(live, 1, most)
         return self._write(name, task, spec, removed=False)
 
     async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
@@ -472,7 +494,7 @@ class _Schedules:
         row = self._live(name)
         if row is None or row.version != expect:
             return None
-        return self._write(name, task, spec, removed=False)
+        return self._write(name, task, spec, removed=False, group=row.group)
 
     async def get(self, name: str) -> ScheduleRow | None:
         await self._ready()
@@ -483,7 +505,41 @@ class _Schedules:
         row = self._live(name)
         if row is None:
             return None
-        return self._write(name, row.task, row.spec, removed=True)
+        return self._write(name, row.task, row.spec, removed=True, group=row.group)
+
+    async def apply(
+        self,
+        group: str,
+        rows: Mapping[str, tuple[str, str]],
+        most: int | None,
+        within: float,
+    ) -> AppliedRows:
+        await self._ready()
+        table = self._database.schedules
+        current = {
+            name: (row.task, row.spec)
+            for name, row in table.items()
+            if row.group == group and not row.removed
+        }
+        new = [name for name in rows if name not in current]
+        taken = [name for name in new if self._live(name) is not None]
+        if taken:
+            raise NameTakenError(
+                f"{len(taken)} of the schedules' names are taken by live schedules outside "
+                f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}): remove those, "
+                "or leave them out; nothing was applied"
+            )
+        changed = [name for name in rows if name in current and current[name] != rows[name]]
+        gone = [name for name in current if name not in rows]
+        live = sum(not row.removed for row in table.values())
+        if most is not None and len(new) > len(gone) and live - len(gone) + len(new) > most:
+            raise TooManySchedulesError(live, len(new) - len(gone), most)
+        return AppliedRows(
+            created=[self._write(n, *rows[n], removed=False, group=group) for n in new],
+            changed=[self._write(n, *rows[n], removed=False, group=group) for n in changed],
+            removed=[self._write(n, *current[n], removed=True, group=group) for n in gone],
+            unchanged=len(rows) - len(new) - len(changed),
+        )
 
     async def changes(self, since: int) -> list[ScheduleRow]:
         await self._ready()

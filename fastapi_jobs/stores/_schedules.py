@@ -13,17 +13,18 @@ not at all (``Operations.change``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._errors import StoreError
+from .._errors import NameTakenError, StoreError, TooManySchedulesError
 from .._status import ErrorInfo
-from .._store import ScheduleRow
+from .._store import AppliedRows, ScheduleRow
 from ._db_clock import db_now
-from ._operations import NOT_OPEN, Operations
+from ._operations import NOT_OPEN, Operations, transaction
 from ._tables import Tables
 
 __all__ = ["StoreSchedules"]
@@ -41,7 +42,7 @@ class StoreSchedules:
 
     def _columns(self) -> tuple[Any, ...]:
         s = self._table.c
-        return (s.name, s.task, s.spec, s.version, s.updated_at, s.removed)
+        return (s.name, s.task, s.spec, s.version, s.updated_at, s.removed, s.group_name)
 
     def _version(self) -> Any:
         s, now = self._table, db_now()
@@ -50,7 +51,9 @@ class StoreSchedules:
             (s.c.version < clock, clock), else_=s.c.version + sa.literal_column("1", sa.BigInteger)
         )
 
-    async def create(self, name: str, task: str, spec: str) -> ScheduleRow | None:
+    async def create(
+        self, name: str, task: str, spec: str, most: int | None = None
+    ) -> ScheduleRow | None:
         s, now = self._table, db_now()
         clock = sa.cast(now * sa.literal_column("1000000"), sa.BigInteger)
         before = sa.bindparam("b_before", type_=sa.Double)
@@ -76,10 +79,11 @@ class StoreSchedules:
                 "version": self._version(),
                 "updated_at": now,
                 "removed": sa.false(),
+                "group_name": sa.null(),  # made by name: in no group, whatever the old row's
             },
             where=sa.and_(s.c.removed == sa.true(), now < before),
         ).returning(*self._columns())
-        return await self._write(statement)
+        return await self._write(statement, most=most)
 
     async def change(self, name: str, task: str, spec: str, expect: int) -> ScheduleRow | None:
         """Replace the spec of the live row ``name`` whose version is still
@@ -128,6 +132,151 @@ class StoreSchedules:
             query = query.where(s.c.removed == sa.false())
         return await self._read(query)
 
+    async def apply(
+        self,
+        group: str,
+        rows: Mapping[str, tuple[str, str]],
+        most: int | None,
+        within: float,
+    ) -> AppliedRows:
+        self._dialect()  # open, or StoreError
+        if not self._ops.ready:
+            try:
+                await self._ops.spawn(self._ops.ensure_ready())
+            except Exception as exc:  # nothing was sent: nothing changed
+                raise StoreError(f"the store could not reach it ({ErrorInfo.of(exc)})") from exc
+        if not self.present:
+            raise self._absent()
+        committing = False
+
+        async def make(conn: AsyncConnection) -> AppliedRows:
+            nonlocal committing
+            async with transaction(conn):
+                applied = await self._apply_in(conn, group, rows, most)
+                committing = True  # the COMMIT goes out as the block ends
+            return applied
+
+        assert self._ops.engine is not None
+        engine = self._ops.engine
+        try:
+            async with asyncio.timeout(within), engine.connect() as conn:
+                return await make(conn)
+        except (NameTakenError, TooManySchedulesError):
+            raise  # refused before anything was written, and rolled back
+        except Exception as exc:
+            if isinstance(exc, sa.exc.DBAPIError):
+                self._ops.ready = False  # never cache "the tables exist"
+            answered = isinstance(exc, sa.exc.DBAPIError) and not exc.connection_invalidated
+            if committing and not answered:
+                raise  # the COMMIT went out and its answer did not come back
+            raise StoreError(f"the store could not make it ({ErrorInfo.of(exc)})") from exc
+
+    async def _apply_in(
+        self,
+        conn: AsyncConnection,
+        group: str,
+        rows: Mapping[str, tuple[str, str]],
+        most: int | None,
+    ) -> AppliedRows:
+        """`apply`'s work, inside its transaction."""
+        s = self._table
+        started = (await conn.execute(sa.select(db_now()))).scalar_one()
+        postgres = conn.dialect.name == "postgresql"
+        if postgres:
+            # Applies of one group one after the other (SQLite's BEGIN IMMEDIATE
+            # already makes every writer wait); the group's rows locked against a
+            # change by name meanwhile.
+            key = sa.func.hashtext(sa.literal(f"{s.name}\x1f{group}"))
+            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+        query = sa.select(s.c.name, s.c.task, s.c.spec).where(
+            s.c.group_name == group, s.c.removed == sa.false()
+        )
+        if postgres:
+            query = query.with_for_update()
+        current = {name: (task, spec) for name, task, spec in (await conn.execute(query)).all()}
+        new = [name for name in rows if name not in current]
+        changed = [name for name in rows if name in current and current[name] != rows[name]]
+        gone = [name for name in current if name not in rows]
+        if most is not None and len(new) > len(gone):
+            live = await self._live_count(conn)
+            if live - len(gone) + len(new) > most:
+                raise TooManySchedulesError(live, len(new) - len(gone), most)
+        now, clock = db_now(), sa.cast(db_now() * sa.literal_column("1000000"), sa.BigInteger)
+        if new:
+            insert = postgresql.insert if postgres else sqlite.insert
+            values = insert(s).values(version=clock, updated_at=now, removed=sa.false())
+            # A removed row is taken over (its version goes on growing); a live
+            # one (another group's, or one made by name) refuses.
+            statement = values.on_conflict_do_update(
+                index_elements=[s.c.name],
+                set_={
+                    "task": values.excluded.task,
+                    "spec": values.excluded.spec,
+                    "group_name": values.excluded.group_name,
+                    "version": self._version(),
+                    "updated_at": now,
+                    "removed": sa.false(),
+                },
+                where=s.c.removed == sa.true(),
+            ).returning(s.c.name)
+            params = [
+                {"name": name, "task": rows[name][0], "spec": rows[name][1], "group_name": group}
+                for name in new
+            ]
+            made = {name for (name,) in (await conn.execute(statement, params)).all()}
+            if len(made) != len(new):
+                taken = [name for name in new if name not in made]
+                raise NameTakenError(
+                    f"{len(taken)} of the schedules' names are taken by live schedules outside "
+                    f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}"
+                    f"{', ...' if len(taken) > 5 else ''}): remove those, or leave them out; "
+                    "nothing was applied"
+                )
+        if changed:
+            update = (
+                sa.update(s)
+                .where(
+                    s.c.name == sa.bindparam("b_name"),
+                    s.c.group_name == group,
+                    s.c.removed == sa.false(),
+                )
+                .values(
+                    task=sa.bindparam("b_task"),
+                    spec=sa.bindparam("b_spec"),
+                    version=self._version(),
+                    updated_at=now,
+                )
+            )
+            await conn.execute(
+                update,
+                [{"b_name": n, "b_task": rows[n][0], "b_spec": rows[n][1]} for n in changed],
+            )
+        for chunk in _chunks(gone):
+            await conn.execute(
+                sa.update(s)
+                .where(s.c.group_name == group, s.c.removed == sa.false(), s.c.name.in_(chunk))
+                .values(removed=sa.true(), version=self._version(), updated_at=now)
+            )
+        written = s.c.group_name == group, s.c.updated_at >= started
+        if new or changed or gone:
+            took = (await conn.execute(sa.select(db_now()))).scalar_one() - started
+            if took > self._ops.timeout:
+                # Instances read the changes since a little before their last
+                # read (three store timeouts): a version stamped long before the
+                # COMMIT would be missed until they read every row. Stamped again.
+                await conn.execute(sa.update(s).where(*written).values(version=self._version()))
+        out = [
+            _row(row)
+            for row in (await conn.execute(sa.select(*self._columns()).where(*written))).all()
+        ]
+        by_name = {row.name: row for row in out}
+        return AppliedRows(
+            created=[by_name[name] for name in new],
+            changed=[by_name[name] for name in changed],
+            removed=[by_name[name] for name in gone],
+            unchanged=len(rows) - len(new) - len(changed),
+        )
+
     # -- internals --------------------------------------------------------
 
     def _dialect(self) -> str:
@@ -151,7 +300,12 @@ class StoreSchedules:
         rows = await self._ops.run(lambda conn: _all(conn, query))
         return [_row(row) for row in rows]
 
-    async def _write(self, statement: Any) -> ScheduleRow | None:
+    async def _live_count(self, conn: AsyncConnection) -> int:
+        s = self._table
+        query = sa.select(sa.func.count()).select_from(s).where(s.c.removed == sa.false())
+        return int((await conn.execute(query)).scalar_one())
+
+    async def _write(self, statement: Any, most: int | None = None) -> ScheduleRow | None:
         self._dialect()  # open, or StoreError
         if not self._ops.ready:
             try:
@@ -163,6 +317,12 @@ class StoreSchedules:
         asked = asyncio.get_running_loop().time()
 
         async def send(conn: AsyncConnection, before: float) -> Any:
+            if most is not None:
+                # Counted before the insert, not with it: writers at the same
+                # moment may each pass the bound by one (docs/guides/schedules.md).
+                live = await self._live_count(conn)
+                if live >= most:
+                    raise TooManySchedulesError(live, 1, most)
             row = (await conn.execute(statement, {"b_before": before})).first()
             if row is None and (await conn.execute(sa.select(db_now()))).scalar_one() >= before:
                 # Refused, or too late (behind a lock): nothing changed either way.
@@ -177,10 +337,22 @@ class StoreSchedules:
 
 
 def _row(row: Any) -> ScheduleRow:
-    name, task, spec, version, updated_at, removed = row
+    name, task, spec, version, updated_at, removed, group = row
     return ScheduleRow(
-        str(name), str(task), str(spec), int(version), float(updated_at), bool(removed)
+        str(name),
+        str(task),
+        str(spec),
+        int(version),
+        float(updated_at),
+        bool(removed),
+        None if group is None else str(group),
     )
+
+
+def _chunks(names: Sequence[str], size: int = 500) -> Iterator[Sequence[str]]:
+    """``names`` by ``size``: an IN list within every driver's bound on parameters."""
+    for start in range(0, len(names), size):
+        yield names[start : start + size]
 
 
 async def _all(conn: AsyncConnection, query: Any) -> list[Any]:

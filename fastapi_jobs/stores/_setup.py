@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -180,3 +181,10 @@ async def _add_columns(
                 raise
             continue  # another instance added it at the same moment
         logger.info("added the column %s to table %s", column.name, table.name)
+        for index in table.indexes:
+            if column.name in index.columns:  # made with the table: made with the column here
+                await conn.run_sync(partial(_create_index, index))
+
+
+def _create_index(index: sa.Index, sync_conn: sa.Connection) -> None:
+    index.create(sync_conn, checkfirst=True)

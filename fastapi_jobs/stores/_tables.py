@@ -176,6 +176,10 @@ _SCHEDULES_INDEX = "ix_{}sch_ver"
 prefix's bound stays the one `check_prefix` says)."""
 
 
+_SCHEDULES_GROUP_INDEX = "ix_{}sch_grp"
+"""The schedules' index on their group: an apply reads its group's rows."""
+
+
 def _schedules(table: Callable[..., sa.Table], prefix: str) -> sa.Table:
     return table(
         "schedules",
@@ -185,7 +189,11 @@ def _schedules(table: Callable[..., sa.Table], prefix: str) -> sa.Table:
         sa.Column("version", sa.BigInteger, nullable=False),
         sa.Column("updated_at", sa.Double, nullable=False),
         sa.Column("removed", sa.Boolean, nullable=False),
+        # The set it was applied with (ScheduleTable.apply); NULL: made one by one.
+        # Added by a later release (a column that may be NULL: _setup adds it).
+        sa.Column("group_name", sa.String(200), nullable=True),
         sa.Index(conv(_SCHEDULES_INDEX.format(prefix)), "version"),
+        sa.Index(conv(_SCHEDULES_GROUP_INDEX.format(prefix)), "group_name"),
     )
 
 

@@ -1,0 +1,61 @@
+"""Schedules applied as a set (`Scheduler.apply_schedules`): what a caller
+gives (`ScheduleSpec`, one per schedule) and what it gets back (`AppliedSchedules`).
+
+A group (a tenant, a source of imports) owns the schedules applied with its
+name. Applying a set makes the group's live schedules exactly that set, in one
+transaction: the missing ones made, the ones whose task or spec differs
+changed (their version bumped), the ones not given removed, the rest left as
+they are. So a deploy, or an admin's import, may apply the same set every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._schedules import Schedule
+from .stored import ScheduleOptions
+
+__all__ = ["AppliedSchedules", "ScheduleSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """One schedule of a set given to `Scheduler.apply_schedules`: the arguments
+    of `Scheduler.add_schedule`, as one value::
+
+        ScheduleSpec("acme-report", "report", Cron("0 7 * * *"), kwargs={"tenant": "acme"})
+    """
+
+    name: str
+    task: str | Callable[..., Any]
+    """A function registered with `Scheduler.task`, or its name."""
+    schedule: Schedule
+    kwargs: Mapping[str, Any] | None = None
+    options: ScheduleOptions = field(default_factory=lambda: ScheduleOptions())
+    """The job's options, as `Scheduler.add_schedule` takes them."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedSchedules:
+    """What `Scheduler.apply_schedules` did to the group's schedules, by name."""
+
+    group: str
+    created: tuple[str, ...]
+    changed: tuple[str, ...]
+    """Those whose task, schedule, kwargs or options differed (version bumped)."""
+    removed: tuple[str, ...]
+    """The group's schedules the set left out."""
+    unchanged: int
+    """How many were already as given (untouched: their versions kept)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON form, as the API and the CLI show it."""
+        return {
+            "group": self.group,
+            "created": list(self.created),
+            "changed": list(self.changed),
+            "removed": list(self.removed),
+            "unchanged": self.unchanged,
+        }

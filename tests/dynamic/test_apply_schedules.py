@@ -1,0 +1,168 @@
+"""Schedules applied as a set (`Scheduler.apply_schedules`), on virtual time:
+without a store and on two instances sharing a `MemoryDatabase`; what bad
+input gets; the bound on live schedules."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import anyio
+import pytest
+
+from fastapi_jobs import (
+    AppliedSchedules,
+    ConfigurationError,
+    Every,
+    JobContext,
+    NameTakenError,
+    Scheduler,
+    ScheduleSpec,
+    TooManySchedulesError,
+)
+from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
+
+from ..conftest import START, virtual_scheduler
+
+pytestmark = pytest.mark.looptime
+
+Ran = list[tuple[str, str, float]]
+
+
+def with_report(ran: Ran, scheduler: Scheduler | None = None) -> Scheduler:
+    scheduler = scheduler or virtual_scheduler()
+
+    @scheduler.task()
+    async def report(ctx: JobContext, tenant: str) -> None:
+        ran.append((ctx.name, tenant, ctx.tick.timestamp() - START.timestamp()))
+
+    return scheduler
+
+
+def tenants(names: Iterable[str], every: float = 10) -> list[ScheduleSpec]:
+    return [
+        ScheduleSpec(f"report-{t}", "report", Every(seconds=every), kwargs={"tenant": t})
+        for t in names
+    ]
+
+
+async def test_a_set_is_made_changed_and_trimmed_and_runs_as_applied() -> None:
+    """The first apply makes every schedule; the next changes what differs and
+    removes what it leaves out; the same set again changes nothing."""
+    ran: Ran = []
+    scheduler = with_report(ran)
+    async with scheduler.running():
+        first = await scheduler.apply_schedules("reports", tenants(["acme", "globex"]))
+        assert first == AppliedSchedules("reports", ("report-acme", "report-globex"), (), (), 0)
+        await anyio.sleep(15)  # one tick each, at 10
+        second = await scheduler.apply_schedules(
+            "reports", [*tenants(["acme"], every=5), *tenants(["initech"])]
+        )
+        assert second.to_dict() == {
+            "group": "reports",
+            "created": ["report-initech"],
+            "changed": ["report-acme"],
+            "removed": ["report-globex"],
+            "unchanged": 0,
+        }
+        versions = {s.name: s.version for s in await scheduler.schedules()}
+        again = await scheduler.apply_schedules(
+            "reports", [*tenants(["acme"], every=5), *tenants(["initech"])]
+        )
+        assert (again.created, again.changed, again.removed, again.unchanged) == ((), (), (), 2)
+        assert {s.name: s.version for s in await scheduler.schedules()} == versions
+        assert {s.group for s in await scheduler.schedules()} == {"reports"}
+        await anyio.sleep(12)  # to 27
+    assert sorted((name, at) for name, _, at in ran) == [
+        ("report-acme", 10.0),
+        ("report-acme", 20.0),  # every 5 s from the change at 15
+        ("report-acme", 25.0),
+        ("report-globex", 10.0),  # removed at 15
+        ("report-initech", 20.0),
+    ]
+    assert ("report-globex", "globex", 10.0) in ran
+
+
+async def test_a_bad_set_is_refused_whole_saying_what() -> None:
+    """A schedule that cannot be, a name given twice, a name another schedule
+    holds, a group's name no job could have: refused, nothing applied."""
+    scheduler = with_report([])
+    async with scheduler.running():
+        await scheduler.add_schedule("by-name", "report", Every(seconds=60), kwargs={"tenant": "x"})
+        refusals: list[tuple[object, str]] = [
+            (
+                [*tenants(["a"]), ScheduleSpec("b", "nope", Every(seconds=60))],
+                "no task named 'nope'",
+            ),
+            (tenants(["a", "a"]), "'report-a' is given twice"),
+            ([*tenants(["a"]), {"name": "b"}], "is not a ScheduleSpec"),
+            (
+                [ScheduleSpec("b", "report", Every(seconds=60), kwargs={"tenant": 1, "x": 2})],
+                "x",
+            ),
+        ]
+        for given, said in refusals:
+            with pytest.raises(ConfigurationError, match=said):
+                await scheduler.apply_schedules("g", given)  # type: ignore[arg-type]
+        with pytest.raises(NameTakenError, match=r"'by-name'.*nothing was applied"):
+            await scheduler.apply_schedules(
+                "g", [ScheduleSpec("by-name", "report", Every(seconds=5), kwargs={"tenant": "y"})]
+            )
+        for group in ("", "a/b", "x" * 201, " g"):
+            with pytest.raises(ConfigurationError, match="the group's name"):
+                await scheduler.apply_schedules(group, [])
+        assert [s.name for s in await scheduler.schedules()] == ["by-name"]
+
+
+@pytest.mark.parametrize("with_store", [False, True], ids=["no store", "memory store"])
+async def test_the_most_live_schedules_is_a_bound_said_with_the_counts(with_store: bool) -> None:
+    """Past ``max_schedules``, add_schedule and a growing set are refused; a set
+    that swaps schedules within the bound is not."""
+    clock = LoopClock(START)
+    store = MemoryStore(MemoryDatabase(clock)) if with_store else None
+    scheduler = with_report([], Scheduler(clock=clock, store=store, max_schedules=5))
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", tenants(["a", "b", "c", "d"]))
+        await scheduler.add_schedule("e", "report", Every(seconds=60), kwargs={"tenant": "e"})
+        with pytest.raises(TooManySchedulesError, match=r"5 schedule.*1 more.*most is 5") as info:
+            await scheduler.add_schedule("f", "report", Every(seconds=60), kwargs={"tenant": "f"})
+        assert (info.value.live, info.value.asked, info.value.most) == (5, 1, 5)
+        with pytest.raises(TooManySchedulesError, match="2 more"):
+            await scheduler.apply_schedules("g", tenants(["a", "b", "c", "d", "x", "y"]))
+        swapped = await scheduler.apply_schedules("g", tenants(["w", "x", "y", "z"]))
+        assert len(swapped.created) == len(swapped.removed) == 4
+        assert len(await scheduler.schedules()) == 5
+
+
+def test_max_schedules_is_checked_when_the_scheduler_is_built() -> None:
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ConfigurationError, match="max_schedules"):
+            Scheduler(max_schedules=bad)  # type: ignore[arg-type]
+    Scheduler(max_schedules=None)
+
+
+async def test_two_instances_run_an_applied_set_once_and_nothing_removed_after_it_returns() -> None:
+    """One instance applies while both run: each tick of the set runs once
+    across them, and no tick of a removed schedule runs after the apply returned."""
+    clock = LoopClock(START)
+    database = MemoryDatabase(clock)
+    ran: Ran = []
+    a, b = (
+        with_report(ran, Scheduler(clock=clock, store=MemoryStore(database, heartbeat=1)))
+        for _ in range(2)
+    )
+    names = [f"t{n}" for n in range(50)]
+    async with a.running(), b.running():
+        await a.apply_schedules("g", tenants(names, every=2))
+        await anyio.sleep(9)  # b reads them at its heartbeat
+        removed_at = clock.now() - START.timestamp()
+        answer = await b.apply_schedules("g", tenants(names[:25], every=2))
+        assert len(answer.removed) == 25
+        await anyio.sleep(9)
+    ticks = Counter((name, at) for name, _, at in ran)
+    assert max(ticks.values()) == 1, "a tick ran twice"
+    kept = {f"report-{n}" for n in names[:25]}
+    assert all(at <= removed_at for (name, at) in ticks if name not in kept)
+    late = [at for (name, at) in ticks if name in kept]
+    assert max(late) > removed_at + 6  # the kept ones went on
+    assert len({(name, at) for (name, at) in ticks if name in kept}) >= 25 * 7
