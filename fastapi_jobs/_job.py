@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import math
 import types
@@ -280,6 +281,8 @@ def _seconds(name: str, option: str, value: float | timedelta | None) -> float |
 def _code_flags(func: object) -> int | None:
     """The code flags of a plain function (what inspect's checks read, at a
     fraction of their cost); None for anything else, which inspect handles."""
+    while type(func) is functools.partial and not hasattr(func, "_is_coroutine_marker"):
+        func = func.func  # as inspect's checks unwrap it (stored schedules' jobs)
     if type(func) is types.FunctionType and not hasattr(func, "_is_coroutine_marker"):
         return func.__code__.co_flags  # not marked by inspect.markcoroutinefunction
     return None
@@ -299,14 +302,20 @@ _SIGNATURES: dict[tuple[object, ...], bool] = {}
 
 
 def _takes_context(name: str, func: Callable[..., Any]) -> bool:
-    if not inspect.isfunction(func):
+    # A function with keyword arguments bound (the jobs of stored schedules,
+    # 100,000 of one task): the answer depends on which names are bound only.
+    target, bound = func, None
+    if type(func) is functools.partial and not func.args:
+        target, bound = func.func, frozenset(func.keywords)
+    if not inspect.isfunction(target):
         return _check_signature(name, func)
     try:
         key = (
-            func.__code__,
-            func.__defaults__,
-            tuple(func.__kwdefaults__ or ()),
-            tuple(func.__annotations__.items()),
+            target.__code__,
+            target.__defaults__,
+            tuple(target.__kwdefaults__ or ()),
+            tuple(target.__annotations__.items()),
+            bound,
         )
         takes = _SIGNATURES.get(key)
     except TypeError:  # an unhashable default or annotation: check every time

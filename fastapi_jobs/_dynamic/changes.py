@@ -11,6 +11,7 @@ schedule's job run here (``_dynamic.jobs``), or left alone, listed as
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import replace
 
 import anyio
@@ -186,14 +187,16 @@ class ScheduleChanges:
             return self._leave_alone(row, stored, str(exc))
         self.schedules[name] = stored
         self._jobs.install(job, stored.version)
-        log(
-            "schedule %r (version %d): task %r %s",
-            name,
-            stored.version,
-            stored.task,
-            stored.schedule.describe(),
-            extra={"job": name},
-        )
+        if self._parts.logger.isEnabledFor(logging.DEBUG if quiet else logging.INFO):
+            # (describe() costs ~5 µs: a start reads 100,000 rows, at DEBUG)
+            log(
+                "schedule %r (version %d): task %r %s",
+                name,
+                stored.version,
+                stored.task,
+                stored.schedule.describe(),
+                extra={"job": name},
+            )
         return stored
 
     def _leave_alone(self, row: ScheduleRow, stored: StoredSchedule, why: str) -> StoredSchedule:
