@@ -1,4 +1,4 @@
-"""``fastapi-jobs schedules`` and ``fastapi-jobs schedule add|change|remove``: the
+"""``fastapi-jobs schedules`` and ``fastapi-jobs schedule add|change|remove|apply``: the
 schedules made at run time, from outside the app. The app's scheduler is opened
 as ``run`` opens it (its own lifespan entered, the scheduler started without
 ticking, so the store is open) and the change made through its public API.
@@ -6,7 +6,7 @@ ticking, so the store is open) and the change made through its public API.
 Exit codes: 0 done; 1 the store could not be reached or did not confirm (the
 message says whether anything may have changed); 2 bad input, an unknown name
 or task, a taken name, or an app without a store (a change made here would live
-in this process only, and end with it).
+in this process only, and end with it), or a set past max_schedules.
 """
 
 from __future__ import annotations
@@ -15,10 +15,17 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from .._dynamic.sets import ScheduleSpec
 from .._dynamic.stored import StoredSchedule
-from .._errors import ConfigurationError, FastAPIJobsError, JobNotFoundError
+from .._errors import (
+    ConfigurationError,
+    FastAPIJobsError,
+    JobNotFoundError,
+    TooManySchedulesError,
+)
 from .._redaction import shown
 from .._scheduler import Scheduler, seam_of
 from .._schedules import Cron, Every, Schedule
@@ -72,6 +79,20 @@ def add_parsers(commands: Any, target_help: str) -> None:
     for parser in (add, change, remove):
         parser.add_argument("target", help=target_help)
         parser.add_argument("name", help="the schedule's name (its job's)")
+    apply = verbs.add_parser(
+        "apply",
+        help="make a group's schedules exactly those of a JSON file",
+        description="Make the schedules of GROUP exactly those in FILE, in one transaction: "
+        "those missing are made, those that differ changed, the group's others removed. The "
+        "same file again changes nothing. FILE holds what PUT /jobs/schedules takes: "
+        '{"schedules": [{"name": ..., "task": ..., "schedule": {"every": 3600}, "kwargs": '
+        '{...}, "options": {...}}, ...]}. Prints what was done, as JSON.',
+        epilog="example:\n  fastapi-jobs schedule apply app.main:app --group reports reports.json",
+        formatter_class=formatter,
+    )
+    apply.add_argument("target", help=target_help)
+    apply.add_argument("--group", required=True, help="the set's name (a tenant, a source)")
+    apply.add_argument("file", help="the JSON file, or - for standard input")
     add.add_argument("task", help="the task it runs (registered with @scheduler.task())")
     change.add_argument("--task", help="the task it runs from now on")
     _add_spec_arguments(add, change)
@@ -111,7 +132,7 @@ async def schedules(scheduler: Scheduler, app: Any, args: argparse.Namespace) ->
             scheduler.running(state, ticking=False),
         ):
             await act()
-    except (ConfigurationError, JobNotFoundError, _Refused) as exc:
+    except (ConfigurationError, JobNotFoundError, TooManySchedulesError, _Refused) as exc:
         return _said(exc, BAD_INPUT)
     except FastAPIJobsError as exc:  # StoreError, UnconfirmedError: their message says which
         return _said(exc, STORE_FAILED)
@@ -143,6 +164,14 @@ def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]
             "this app's scheduler has no store: a schedule made from here would live in "
             "this process only; give it one (Scheduler(store=SQLAlchemyStore(...)))"
         )
+    if args.verb == "apply":
+        wanted = _set(args.file)
+
+        async def applying() -> None:
+            applied = await scheduler.apply_schedules(args.group, wanted)
+            print(json.dumps(applied.to_dict()))
+
+        return applying
     name = args.name
     if args.verb == "remove":
 
@@ -193,6 +222,26 @@ def _schedule(args: argparse.Namespace) -> Schedule | None:
     if args.offset or args.tz != "UTC":
         raise _Refused("--offset goes with --every, --tz with --cron")
     return None
+
+
+def _set(path: str) -> list[ScheduleSpec]:
+    """The schedules of ``path`` (``-``: standard input), as PUT /jobs/schedules takes them."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Refused(f"cannot read {path}: {exc}") from None
+    except ValueError as exc:
+        raise _Refused(f"{path} is not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("schedules"), list):
+        raise _Refused(f'{path}: write {{"schedules": [...]}}, one object per schedule')
+    wanted = []
+    for n, item in enumerate(data["schedules"]):
+        try:
+            wanted.append(ScheduleSpec.from_dict(item))
+        except ConfigurationError as exc:
+            raise _Refused(f"{path}: schedules[{n}]: {exc}") from None
+    return wanted
 
 
 def _kwargs(text: str | None) -> dict[str, Any] | None:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import ConfigurationError, short
 from .._schedules import Schedule
-from .stored import ScheduleOptions
+from .stored import ScheduleOptions, schedule_from
 
 __all__ = ["AppliedSchedules", "ScheduleSpec"]
 
@@ -35,6 +36,37 @@ class ScheduleSpec:
     kwargs: Mapping[str, Any] | None = None
     options: ScheduleOptions = field(default_factory=lambda: ScheduleOptions())
     """The job's options, as `Scheduler.add_schedule` takes them."""
+
+
+    @classmethod
+    def from_dict(cls, data: object) -> ScheduleSpec:
+        """One schedule as JSON says it (``POST /jobs/schedules``'s body):
+        ``{"name": ..., "task": ..., "schedule": {"every": 3600} or {"cron":
+        "0 7 * * *", "tz": "Europe/Lisbon"}, "kwargs": {...}, "options": {...}}``
+        (``offset`` 0 and ``tz`` UTC if left out). `ConfigurationError` says
+        what is wrong."""
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(f"{short(data)} is not a schedule: write {_EXAMPLE}")
+        extra = sorted(str(key) for key in data if key not in _KEYS)
+        if extra or not {"name", "task", "schedule"} <= data.keys():
+            raise ConfigurationError(
+                f"a schedule has the keys name, task, schedule, and optionally kwargs and "
+                f"options{f' (not {short(extra[0])})' if extra else ''}: write {_EXAMPLE}"
+            )
+        when = data["schedule"]
+        if isinstance(when, Mapping) and "every" in when:
+            when = {"offset": 0, **when}
+        elif isinstance(when, Mapping) and "cron" in when:
+            when = {"tz": "UTC", **when}
+        options = data.get("options") or {}
+        if not isinstance(options, Mapping):
+            raise ConfigurationError(f"options {short(options)}: write a JSON object")
+        given: Any = dict(options)  # checked, with the name, task and kwargs, as add_schedule's
+        return cls(data["name"], data["task"], schedule_from(when), data.get("kwargs"), given)
+
+
+_KEYS = frozenset({"name", "task", "schedule", "kwargs", "options"})
+_EXAMPLE = '{"name": "acme-report", "task": "report", "schedule": {"every": 3600}}'
 
 
 @dataclass(frozen=True, slots=True)

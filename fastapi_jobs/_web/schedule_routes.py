@@ -18,12 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._checks import MAX_NAME
 from .._dynamic.bounds import ScheduleBounds
+from .._dynamic.sets import ScheduleSpec
 from .._dynamic.stored import MAX_SPEC, StoredSchedule, schedule_from
 from .._errors import (
     ConfigurationError,
     JobNotFoundError,
     NameTakenError,
     StoreError,
+    TooManySchedulesError,
 )
 from .._redaction import shown
 from .._schedules import Schedule
@@ -72,6 +74,10 @@ class ScheduleInfo(BaseModel):
         description="False: this instance leaves the schedule alone (see left_alone), and "
         "the instances that can run it do."
     )
+    group: str | None = Field(
+        default=None,
+        description="The set it was applied with (PUT /jobs/schedules?group=); null: made by name.",
+    )
     left_alone: str | None = Field(
         default=None,
         description="Why this instance leaves it alone: its task missing, arguments its task "
@@ -113,7 +119,34 @@ class ScheduleChange(BaseModel):
     options: dict[str, Any] | None = None
 
 
-Body = TypeVar("Body", NewSchedule, ScheduleChange)
+class ScheduleSet(BaseModel):
+    """The body of ``PUT /jobs/schedules?group=``: the group's schedules, all of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedules: list[NewSchedule] = Field(
+        description="Every schedule of the group, as POST /jobs/schedules takes one: the "
+        "group's others are removed."
+    )
+
+
+class AppliedInfo(BaseModel):
+    """What ``PUT /jobs/schedules?group=`` did (`AppliedSchedules.to_dict()`)."""
+
+    group: str
+    created: list[str]
+    changed: list[str] = Field(
+        description="Those whose task, schedule, kwargs or options differed."
+    )
+    removed: list[str] = Field(description="The group's schedules the set left out.")
+    unchanged: int = Field(description="How many were already as given (untouched).")
+
+
+MAX_SET_BODY = 64 * 1024 * 1024
+"""The most bytes a set's body may take: 100,000 schedules of a few hundred bytes
+each, with room to spare."""
+
+Body = TypeVar("Body", NewSchedule, ScheduleChange, ScheduleSet)
 
 
 def add_schedule_list(router: APIRouter, seam: Seam) -> None:
@@ -155,13 +188,50 @@ def add_schedule_changes(router: APIRouter, seam: Seam, bounds: ScheduleBounds) 
             made = await seam.add_schedule(
                 body.name, body.task, schedule, body.kwargs, body.options
             )
-        except NameTakenError as exc:
+        except (NameTakenError, TooManySchedulesError) as exc:
             raise HTTPException(409, str(exc)) from None
         except (ConfigurationError, StoreError) as exc:
             fail(exc)
         return ScheduleInfo.of(made)
 
+    _add_set(router, seam, bounds)
     _add_change_and_removal(router, seam, bounds)
+
+
+def _add_set(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:
+    @router.put(
+        "/schedules",
+        response_model=AppliedInfo,
+        summary="Apply a group's schedules as a set",
+        description="Make the schedules of `group` exactly the body's, in one transaction: "
+        "those missing are made, those that differ changed, the group's others removed, the "
+        "rest left as they are. The same body again changes nothing.",
+        openapi_extra=_body_schema(ScheduleSet),
+        responses={
+            409: {
+                "description": "A name is a live schedule's outside the group, or the set "
+                "would pass the scheduler's max_schedules: nothing was applied."
+            },
+            **_BAD,
+            **_STORE,
+        },
+    )
+    async def apply_schedules(request: Request, group: str) -> AppliedInfo:
+        # `group` checked by the book (its 422 says the rule without echoing it).
+        body = await read_json(request, ScheduleSet, MAX_SET_BODY, _example(ScheduleSet))
+        wanted = []
+        try:
+            for item in body.schedules:
+                schedule = _schedule(item.schedule)
+                bounds.check(item.name, schedule, item.options)
+                options: Any = item.options  # checked by the book, as add_schedule's are
+                wanted.append(ScheduleSpec(item.name, item.task, schedule, item.kwargs, options))
+            applied = await seam.apply_schedules(group, wanted)
+        except (NameTakenError, TooManySchedulesError) as exc:
+            raise HTTPException(409, str(exc)) from None
+        except (ConfigurationError, StoreError) as exc:
+            fail(exc)
+        return AppliedInfo.model_validate(applied.to_dict())
 
 
 def _add_change_and_removal(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:
@@ -225,6 +295,11 @@ def _refuse(detail: str) -> NoReturn:
 
 
 def _example(model: type[BaseModel]) -> str:
+    if model is ScheduleSet:
+        return (
+            '{"schedules": [{"name": "acme-report", "task": "report", '
+            '"schedule": {"every": 3600}}]}'
+        )
     if model is NewSchedule:
         return (
             '{"name": "acme-report", "task": "report", "schedule": {"cron": "0 7 * * *", '

@@ -22,11 +22,14 @@ from ..support.waiting import wait_until
 TARGET = "tests.apps.schedule_app:app"
 
 
-def cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    url: str, *args: str, input: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fastapi_jobs", *args],
         cwd=ROOT,
         env={**os.environ, "DATABASE_URL": url, **env},
+        input=input,
         capture_output=True,
         text=True,
         timeout=60,
