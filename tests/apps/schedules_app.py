@@ -1,6 +1,6 @@
 """An app for the multi-process tests of schedules made at run time: one task,
 ``report(ctx, tenant)``, that records each run, and the test's own endpoints to
-make, change and remove schedules (``/test/...``: not the library's control
+make, change, remove and apply schedules (``/test/...``: not the library's control
 endpoints, so these tests do not depend on them).
 
 Configured by the environment: DATABASE_URL, HEARTBEAT (s), TIMEOUT (s),
@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.schema import CreateTable
 
-from fastapi_jobs import Every, JobContext, Scheduler
+from fastapi_jobs import Every, JobContext, Scheduler, ScheduleSpec
 from fastapi_jobs.stores import SQLAlchemyStore
 
 logging.basicConfig(level=logging.INFO)
@@ -124,6 +124,15 @@ async def change(name: str, changed: Changed) -> dict[str, Any]:
 @app.delete("/test/schedules/{name}")
 async def remove(name: str) -> None:
     await scheduler.remove_schedule(name)
+
+
+@app.put("/test/sets/{group}")
+async def apply(group: str, made: list[Made]) -> dict[str, Any]:
+    applied = await scheduler.apply_schedules(
+        group,
+        [ScheduleSpec(m.name, "report", Every(seconds=m.every), kwargs=m.kwargs) for m in made],
+    )
+    return applied.to_dict()
 
 
 @app.get("/test/schedules")

@@ -157,6 +157,62 @@ def test_a_schedule_made_changed_and_removed_on_three_instances_runs_each_tick_o
     assert_every_tick(url, apps, "keep", [t for t in keep if t > started], 0.5)
 
 
+@pytest.mark.slow  # 10-20 s of app processes: .ci/run's slow pass
+def test_a_set_applied_on_one_instance_while_another_runs_it_runs_each_tick_once(
+    cluster_url: str, apps: list[App]
+) -> None:
+    """A applies a set of 20; both run it, each tick once. B applies it again
+    with 10 left out and 5 changed while A runs ticks: no tick of a removed
+    schedule after B's call returned (nor before its row says it was removed),
+    none under a changed one's old arguments after its change, every other
+    tick run once."""
+    url = cluster_url
+    apps.extend(start(url, 2, app=APP, HEARTBEAT=HEARTBEAT))
+    a, b = apps
+    every = 0.5
+
+    def made(n: int, tenant: str) -> dict[str, Any]:
+        return {"name": f"s{n:02}", "every": every, "kwargs": {"tenant": tenant}}
+
+    first = call(a, "PUT", "/test/sets/g", json=[made(n, "v1") for n in range(20)])
+    assert first.status_code == 200, first.text
+    assert len(first.json()["created"]) == 20
+    wait_until(lambda: all(schedule_is(apps, f"s{n:02}", "every 0.5s") for n in range(20)), 15)
+    wait_until(lambda: len({r[0] for r in runs(url)}) == 20 and len(runs(url)) >= 100, 20)
+
+    second = call(
+        b, "PUT", "/test/sets/g", json=[made(n, "v2" if n < 5 else "v1") for n in range(10)]
+    )
+    returned = time.time()  # the host's clock is the database's here
+    assert second.status_code == 200, second.text
+    assert second.json() == {
+        "group": "g",
+        "created": [],
+        "changed": [f"s{n:02}" for n in range(5)],
+        "removed": [f"s{n:02}" for n in range(10, 20)],
+        "unchanged": 5,
+    }
+    done = len(runs(url))
+    wait_until(lambda: len(runs(url)) >= done + 60, 20)  # A and B go on, ticks of the 10
+    for app in apps:
+        app.terminate()
+
+    assert_no_tick_twice(url)
+    for n in range(20):
+        job = f"s{n:02}"
+        mine = runs(url, job)
+        at = updated_at(url, job)  # the change's or the removal's row
+        if n >= 10:
+            assert max(r[2] for r in mine) <= min(at, returned), (job, at, returned)
+            continue
+        old = [r[2] for r in mine if r[1] == "v1"]
+        new = [r[2] for r in mine if r[1] == "v2"]
+        if n < 5:
+            assert max(old) <= at and new and min(new) > at - every, (job, old, new, at)
+            assert_every_tick(url, apps, job, new, every)
+        assert_every_tick(url, apps, job, old, every)
+
+
 @pytest.mark.slow  # 12-23 s of app processes: .ci/run's slow pass
 def test_an_instance_without_the_task_leaves_the_schedules_alone(
     cluster_url: str, apps: list[App]
