@@ -269,7 +269,8 @@ class ScheduleBook(ScheduleChanges):
                     f"apply_schedules({group!r}): schedule {name!r} is given twice: give each "
                     "name once"
                 )
-            rows[name] = self._check(name, spec.task, spec.schedule, spec.kwargs, spec.options)
+            options = spec.options or {}
+            rows[name] = self._check(name, spec.task, spec.schedule, spec.kwargs, options)
             given[name] = spec
         table = self._table
         if table is None:
@@ -285,7 +286,7 @@ class ScheduleBook(ScheduleChanges):
                 self._applied(row) for row in (*answer.created, *answer.changed, *answer.removed)
             ]
         for stored in made[: len(answer.created) + len(answer.changed)]:
-            options = given[stored.name].options
+            options = given[stored.name].options or {}
             if "paused" in options:
                 await self._pause(stored, paused=bool(options["paused"]), verb="applied")
         return AppliedSchedules(

@@ -11,7 +11,7 @@ they are. So a deploy, or an admin's import, may apply the same set every time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigurationError, short
@@ -34,8 +34,8 @@ class ScheduleSpec:
     """A function registered with `Scheduler.task`, or its name."""
     schedule: Schedule
     kwargs: Mapping[str, Any] | None = None
-    options: ScheduleOptions = field(default_factory=lambda: ScheduleOptions())
-    """The job's options, as `Scheduler.add_schedule` takes them."""
+    options: ScheduleOptions | None = None
+    """The job's options, as `Scheduler.add_schedule` takes them (None: none)."""
 
 
     @classmethod

@@ -317,12 +317,18 @@ def test_the_api_table_gives_each_call_its_real_parameters() -> None:
             and not (param.kind is param.POSITIONAL_ONLY and name[0] == "_")
             and param.kind is not param.VAR_KEYWORD
         }
-        if any("JobOptions" in str(p.annotation) for p in signature.parameters.values()):
+        if any(
+            "JobOptions" in str(p.annotation) and p.kind is p.VAR_KEYWORD
+            for p in signature.parameters.values()
+        ):
             params |= {  # **options: Unpack[JobOptions], with the defaults they get
                 key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value)
                 for key, value in DEFAULTS.items()
             }
-        if any("ScheduleOptions" in str(p.annotation) for p in signature.parameters.values()):
+        if any(
+            "ScheduleOptions" in str(p.annotation) and p.kind is p.VAR_KEYWORD
+            for p in signature.parameters.values()
+        ):
             params |= {  # **options: Unpack[ScheduleOptions]: a stored schedule's options
                 key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY)
                 for key in ScheduleOptions.__optional_keys__

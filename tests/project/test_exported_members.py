@@ -15,6 +15,7 @@ def test_exported_members() -> None:
     module that defines it."""
     assert fastapi_jobs.__all__ == sorted(fastapi_jobs.__all__)
     assert set(fastapi_jobs.__all__) == {
+        "AppliedSchedules",
         "BackfillResult",
         "BackfillTick",
         "Clock",
@@ -32,6 +33,7 @@ def test_exported_members() -> None:
         "JobRunningError",
         "JobStatus",
         "LeaseLostError",
+        "NameTakenError",
         "RunReplacedError",
         "NotRunningError",
         "Outcome",
@@ -40,11 +42,13 @@ def test_exported_members() -> None:
         "RunResult",
         "Schedule",
         "ScheduleBounds",
+        "ScheduleSpec",
         "Scheduler",
         "StoreError",
         "StoredSchedule",
         "SystemClock",
         "TickAheadError",
+        "TooManySchedulesError",
         "TriggeredRun",
         "UnconfirmedError",
     }
@@ -118,7 +122,7 @@ def test_the_operators_modules_are_optional_and_imported_only_when_used() -> Non
         "assert 'celery' not in sys.modules and 'kombu' not in sys.modules\n"
         "import fastapi_jobs.metrics, fastapi_jobs.tracing\n"
         "assert fastapi_jobs.metrics.__all__ == ['DURATION_BUCKETS', 'LATENESS_BUCKETS', "
-        "'Metrics', 'instrument']\n"
+        "'PER_JOB_LIMIT', 'Metrics', 'instrument']\n"
         "assert fastapi_jobs.tracing.__all__ == ['Tracing', 'instrument']\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -154,6 +154,7 @@ async def test_alembic_makes_the_tables_and_the_store_claims_on_them(
     assert sorted(re.findall(r"op\.create_table\('(\w+)'", ops)) == [*STORE_TABLES, "notes"]
     assert sorted(re.findall(r"op\.create_index\(op\.f\('(\w+)'\)", ops)) == [
         "ix_fastapi_jobs_runs_job",
+        "ix_fastapi_jobs_sch_grp",
         "ix_fastapi_jobs_sch_ver",
         "ix_notes_text",
     ]
