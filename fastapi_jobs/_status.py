@@ -30,6 +30,7 @@ __all__ = [
     "RunRecord",
     "SkipReason",
     "pause_end",
+    "state_word",
     "utc",
 ]
 
@@ -223,6 +224,21 @@ def utc(ts: float | None) -> datetime | None:
         return as_datetime(ts)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+def state_word(paused: bool, running: bool, outcome: Outcome | None) -> str:
+    """A job's state in one word, as the status page's State column says it and
+    the listings' ``state=`` filters it: paused first, then running, then how
+    its last run ended (failing for failed or timed out, never ran, cancelled, ok)."""
+    if paused:
+        return "paused"
+    if running:
+        return "running"
+    if outcome is None:
+        return "never ran"
+    if outcome in ("failed", "timed_out"):
+        return "failing"
+    return "cancelled" if outcome == "cancelled" else "ok"
 
 
 def pause_end(paused_until: float, now: float) -> datetime | None:

@@ -82,6 +82,10 @@ class Store(Protocol):
     the answer, as if held elsewhere. The others of ``wanted`` are claimed as
     usual. The instant's claim only saves work: each job's own claim decides.
 
+    Optional: ``read_jobs(jobs)``, `read` with the claims of ``jobs`` only
+    (others may come too): where a store has it, the status page and a
+    listing's page read the claims of the jobs they show, not of every job.
+
     Optional too: ``schedules`` (a `ScheduleTable`: schedules made at run
     time), ``backfills`` (`PastTicks`: `Scheduler.backfill`) and ``outbox``
     (`fastapi_jobs.queues.Outbox`: hand-offs recorded), and
@@ -331,6 +335,7 @@ class Capabilities(NamedTuple):
     instant_claims: bool = False
     release_then_claim: _Both | None = None
     follow_clock: Callable[[Clock], None] | None = None
+    read_jobs: Callable[[Collection[str]], Awaitable[ClusterView]] | None = None
 
     @classmethod
     def of(cls, store: Store | None) -> Capabilities:
@@ -346,7 +351,8 @@ class Capabilities(NamedTuple):
                 _check(store, name, part, protocol)
             found[name] = part
         methods = {
-            name: getattr(store, name, None) for name in ("release_then_claim", "follow_clock")
+            name: getattr(store, name, None)
+            for name in ("release_then_claim", "follow_clock", "read_jobs")
         }
         for name, method in methods.items():
             if method is not None and not callable(method):

@@ -8,13 +8,13 @@ is the exception: its caller asked for them, and learns why they cannot be read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import anyio
 
 from .._control import check_limit
 from .._errors import StoreError
-from .._status import ClusterView, ErrorInfo, JobStatus, RunRecord
+from .._status import ClusterView, ErrorInfo, JobStatus, RunRecord, state_word
 from ..queues import handoff_key
 from .lifecycle import CurrentRun
 from .parts import Parts
@@ -31,6 +31,7 @@ class Reader:
         self._parts = parts
         self._current = current
         self._pauses = pauses
+        self._applied: ClusterView | None = None  # the last reading whose pauses are applied
 
     def status(self) -> list[JobStatus]:
         return [self.snapshot(r) for r in self._parts.runners.values()]
@@ -38,30 +39,67 @@ class Reader:
     def job_status(self, name: str) -> JobStatus:
         return self.snapshot(self._parts.runner(name))
 
-    async def cluster(self) -> ClusterView | None:
-        """With a store: every job's last run across instances, and the instances
+    async def cluster(self, jobs: Collection[str] | None = None) -> ClusterView | None:
+        """With a store: every job's last run across instances (or of ``jobs``,
+        at least, where the store can read only theirs), and the instances
         seen recently. None without a store, or when the store is unreachable."""
         store = self._parts.store
         if store is None or self._current.running is None:
             return None
+        narrow = self._parts.capabilities.read_jobs
         try:
             with anyio.fail_after(store.timeout):
+                if jobs is not None and narrow is not None:
+                    return await narrow(jobs)
                 return await store.read()
         except Exception as exc:  # noqa: BLE001 - a status page must not fail
             self._parts.logger.warning("cannot read the store for the status page: %r", exc)
             return None
 
-    def statuses(self, view: ClusterView | None) -> list[JobStatus]:
-        """Every job's status, with ``view`` (a reading of the cluster) applied:
-        each job's pause as the store has it, each claimed job's last run."""
-        if view is not None:
-            self._pauses.apply_view(view)
-        statuses = self.status()
+    def statuses(
+        self, view: ClusterView | None, names: Iterable[str] | None = None
+    ) -> list[JobStatus]:
+        """Every job's status (or those of ``names``, in that order), with
+        ``view`` (a reading of the cluster) applied: each job's pause as the
+        store has it, each claimed job's last run."""
+        self._apply(view)
+        if names is None:
+            statuses = self.status()
+        else:
+            runners = self._parts.runners
+            statuses = [self.snapshot(runners[n]) for n in names if n in runners]
         if view is not None:
             for status in statuses:
                 if status.claims:
                     status.cluster = view.jobs.get(status.name)
         return statuses
+
+    def in_state(self, view: ClusterView | None, state: str) -> list[str]:
+        """The names of the jobs in ``state`` (a word of `state_word`), read from
+        each job's runner and ``view``: a listing filtered by state builds no
+        status for the jobs it leaves out (~1 µs a job; a status, ~15)."""
+        self._apply(view)
+        now = self._parts.ticking.now()
+        claims = {} if view is None else view.jobs
+        found = []
+        for name, runner in self._parts.runners.items():
+            until = runner.job.declared_pause if runner.pause_unknown else runner.paused_until
+            cluster = claims.get(name) if claims and runner.store is not None else None
+            word = state_word(
+                until > now,
+                runner.busy or (cluster is not None and cluster.running_on is not None),
+                runner.stats.last_outcome if cluster is None else cluster.last_outcome,
+            )
+            if word == state:
+                found.append(name)
+        return found
+
+    def _apply(self, view: ClusterView | None) -> None:
+        """The pauses of ``view`` applied, once for each reading (a listing's
+        request may ask for its states and then for its page's statuses)."""
+        if view is not None and view is not self._applied:
+            self._pauses.apply_view(view)
+            self._applied = view
 
     async def runs(self, name: str, limit: int) -> list[RunRecord]:
         parts = self._parts

@@ -10,7 +10,16 @@ imports none of the integrations (nor the scheduler): no import cycle.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    KeysView,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -94,14 +103,24 @@ class Seam:
 
     # -- reading
 
-    async def cluster(self) -> ClusterView | None:
-        return await self._reader.cluster()
+    async def cluster(self, jobs: Collection[str] | None = None) -> ClusterView | None:
+        """The cluster's view; ``jobs``: those whose claims are needed (others may come)."""
+        return await self._reader.cluster(jobs)
 
     async def cluster_status(self) -> list[JobStatus]:
         return self._reader.statuses(await self._reader.cluster())
 
-    def statuses(self, view: ClusterView | None) -> list[JobStatus]:
-        return self._reader.statuses(view)
+    def statuses(
+        self, view: ClusterView | None, names: Iterable[str] | None = None
+    ) -> list[JobStatus]:
+        return self._reader.statuses(view, names)
+
+    def names(self) -> KeysView[str]:
+        """The jobs' names, as `jobs` has them, without a mapping made for each call."""
+        return self._parts.runners.keys()
+
+    def in_state(self, view: ClusterView | None, state: str) -> list[str]:
+        return self._reader.in_state(view, state)
 
     async def runs(self, name: str, limit: int) -> list[RunRecord]:
         return await self._reader.runs(name, limit)
@@ -159,7 +178,8 @@ class Seam:
 
     def left_alone(self) -> list[tuple[str, str, str]]:
         """The stored schedules this instance cannot run: (name, task, why)."""
-        return [(s.name, s.task, s.left_alone or "") for s in self.schedules_here() if not s.known]
+        alone = [s for s in self._book.schedules.values() if not s.known]  # few: sorted after
+        return [(s.name, s.task, s.left_alone or "") for s in sorted(alone, key=lambda s: s.name)]
 
     async def schedules(self) -> list[StoredSchedule]:
         """Every stored schedule, as the store has it now."""

@@ -19,7 +19,7 @@ from importlib.resources import files
 from typing import NamedTuple
 from urllib.parse import quote, urlencode
 
-from .._status import ClusterView, JobStatus, RunRecord
+from .._status import ClusterView, JobStatus, RunRecord, state_word
 from .page_times import clock, countdown, iso, lasting, time_tag
 
 __all__ = [
@@ -110,14 +110,17 @@ def render(
     notice: str | None = None,
     notice_job: str | None = None,
     query: str = "",
+    state: str | None = None,
     total: int | None = None,
     matched: int | None = None,
+    pages: tuple[str | None, str | None] = (None, None),
     unknown: Sequence[tuple[str, str, str]] = (),
 ) -> str:
     """The page, for the scheduler's ``statuses`` at ``now`` (POSIX seconds):
-    those shown, of ``matched`` jobs whose name holds ``query``, of ``total``;
+    those shown, of ``matched`` jobs whose name holds ``query`` (in ``state``),
+    of ``total``, with the links to the first and the next page (``pages``);
     and the stored schedules this instance cannot run (``unknown``: each one's
-    name and task)."""
+    name, task and why)."""
     total = len(statuses) if total is None else total
     matched = len(statuses) if matched is None else matched
     out = _head(links, now, total, running, instance)
@@ -130,14 +133,16 @@ def render(
             '<p class="notice trouble" role="status">The store cannot be read: '
             "what other instances did is not shown.</p>\n"
         )
-    if total > len(statuses) or query:
-        out.append(_filter(query, len(statuses), matched, links.page))
+    if total > len(statuses) or query or state or unknown or any(pages):
+        out.append(_filter(query, state, len(statuses), matched, links.page))
     if statuses:
         # Where a run ran says something only when there are several instances.
         several = view is not None and len(view.instances) > 1
         out.append(_table(statuses, runs, links, now, several))
-    elif not query:
+    elif not query and not state:
         out.append('<p class="empty">No jobs are declared.</p>\n')
+    if any(pages):
+        out.append(_pages(*pages))
     if unknown:
         out.append(_unknown(unknown))
     if view is not None:
@@ -193,16 +198,11 @@ def _table(
 def state_of(status: JobStatus) -> str:
     """The word of the state column (also the row's class)."""
     cluster = status.cluster
-    if status.paused:
-        return "paused"
-    if status.running or (cluster is not None and cluster.running_on is not None):
-        return "running"
-    outcome = cluster.last_outcome if cluster is not None else status.last_outcome
-    if outcome is None:
-        return "never ran"
-    if outcome in ("failed", "timed_out"):
-        return "failing"
-    return "cancelled" if outcome == "cancelled" else "ok"
+    return state_word(
+        status.paused,
+        status.running or (cluster is not None and cluster.running_on is not None),
+        cluster.last_outcome if cluster is not None else status.last_outcome,
+    )
 
 
 _OVERLAP_SAID = {"queue_one": "waits for it (one)", "replace": "replaces it"}
@@ -326,17 +326,41 @@ def _buttons(status: JobStatus, links: Links) -> str:
     )
 
 
-def _filter(query: str, shown: int, matched: int, page: str) -> str:
-    """A GET form narrowing the page to the jobs whose name holds a text."""
-    said = f"{matched} match" if query else f"showing {shown} of {matched}"
-    if query and shown < matched:
+_STATES_SAID = {
+    "": "any state",
+    "failing": "failing",
+    "paused": "paused",
+    "running": "running",
+    "left_alone": "cannot run here",
+}
+
+
+def _filter(query: str, state: str | None, shown: int, matched: int, page: str) -> str:
+    """A GET form narrowing the page to the jobs whose name holds a text, in a state."""
+    said = f"{matched} match" if query or state else f"showing {shown} of {matched}"
+    if (query or state) and shown < matched:
         said += f", showing {shown}"
+    options = "".join(
+        f'<option value="{value}"{" selected" if value == (state or "") else ""}>{words}</option>'
+        for value, words in _STATES_SAID.items()
+    )
     return (
         f'<form class="filter" method="get" action="{escape(page)}" role="search">'
         '<label for="q">Jobs whose name holds</label> '
         f'<input id="q" name="q" type="search" value="{escape(query)}" maxlength="200"> '
+        f'<label for="state">in</label> <select id="state" name="state">{options}</select> '
         f'<button type="submit">Filter</button> <span class="sub">{said}</span></form>\n'
     )
+
+
+def _pages(first: str | None, after: str | None) -> str:
+    """Links to the first page of the filter (once past it) and to the next."""
+    links = []
+    if first is not None:
+        links.append(f'<a href="{escape(first)}" rel="first">First page</a>')
+    if after is not None:
+        links.append(f'<a href="{escape(after)}" rel="next">Next page</a>')
+    return f'<nav class="pages" aria-label="Pages">{" · ".join(links)}</nav>\n'
 
 
 def _unknown(schedules: Sequence[tuple[str, str, str]]) -> str:
@@ -351,7 +375,10 @@ def _unknown(schedules: Sequence[tuple[str, str, str]]) -> str:
     )
     more = len(schedules) - PAGE_JOBS
     if more > 0:
-        items += f'<li class="sub">and {more} more (GET /jobs/schedules lists them)</li>'
+        items += (
+            f'<li class="sub">and {more} more (GET /jobs/schedules?state=left_alone '
+            "lists them)</li>"
+        )
     return (
         f'<section class="unknown"><h2>Schedules this instance cannot run ({len(schedules)})'
         '</h2><p class="sub">This instance leaves them alone, for the reason given; the '

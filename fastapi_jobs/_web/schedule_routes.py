@@ -1,6 +1,6 @@
 """Schedules made at run time over HTTP: ``GET /jobs/schedules`` on the status
-router; ``POST /jobs/schedules``, ``PATCH`` and ``DELETE /jobs/schedules/{name}``
-on the control router (its auth and its same-origin rule).
+router (a page at a time: ``_web.paging``); ``POST /jobs/schedules``, ``PATCH``
+and ``DELETE /jobs/schedules/{name}`` on the control router (its auth and its same-origin rule).
 
 A change's body is read here rather than by FastAPI: bounded in size before it
 is parsed, and every mistake in it one 422 whose ``detail`` says what to write,
@@ -10,9 +10,9 @@ as the other endpoints' errors do, without echoing back what was sent.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,7 @@ from .._errors import (
 from .._redaction import shown
 from .._schedules import Schedule
 from .http import fail, read_json
+from .paging import Ask, asked, headers
 
 if TYPE_CHECKING:
     from .._core.seam import Seam
@@ -149,22 +150,49 @@ each, with room to spare."""
 Body = TypeVar("Body", NewSchedule, ScheduleChange, ScheduleSet)
 
 
+_SCHEDULES = asked("schedules", 100)
+
+
 def add_schedule_list(router: APIRouter, seam: Seam) -> None:
     """``GET /jobs/schedules``: add before ``/{name}``, which would take it."""
 
     @router.get(
         "/schedules",
         response_model=list[ScheduleInfo],
-        summary="The schedules made at run time",
+        summary="The schedules made at run time, a page at a time",
         description="With a store, as the store has them now: those this instance cannot "
-        "run (known: false) included.",
-        responses={503: {"description": "The store cannot be read: the detail says why."}},
+        "run (known: false; `state=left_alone`) included. By name, 100 a page unless "
+        "`limit` says (`limit=all`: every one); `X-Total-Count` says how many match, "
+        '`Link: <...>; rel="next"` is the next page.',
+        responses={
+            422: {
+                "description": "A bad `limit`, `cursor`, `state` or `q`: the detail says "
+                "what to write."
+            },
+            503: {"description": "The store cannot be read: the detail says why."},
+        },
     )
-    async def list_schedules() -> list[ScheduleInfo]:
+    async def list_schedules(
+        request: Request, response: Response, ask: Annotated[Ask, Depends(_SCHEDULES)]
+    ) -> list[ScheduleInfo]:
         try:
-            return [ScheduleInfo.of(s) for s in await seam.schedules()]
+            stored = await seam.schedules()
         except StoreError as exc:
             fail(exc)
+        kept = [s for s in stored if ask.wants(s.name)] if ask.q else stored
+        if ask.state == "left_alone":
+            kept = [s for s in kept if not s.known]
+        elif ask.state is not None:
+            # A state of the schedules this instance runs: their jobs' (the page's words).
+            named = set(seam.in_state(await seam.cluster(), ask.state))
+            kept = [s for s in kept if s.known and s.name in named]
+        shown, after = ask.page(kept, _name)
+        response.headers.update(headers(request, len(kept), after))
+        return [ScheduleInfo.of(s) for s in shown]
+
+
+def _name(stored: StoredSchedule) -> str:
+    return stored.name
 
 
 def add_schedule_changes(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:

@@ -8,7 +8,7 @@ None of them writes; their rows become models in ``_models``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -44,12 +44,21 @@ async def pauses(conn: AsyncConnection, tables: Tables) -> dict[str, tuple[float
 
 
 async def cluster(
-    conn: AsyncConnection, tables: Tables, *, heartbeat: float, history: int
+    conn: AsyncConnection,
+    tables: Tables,
+    *,
+    heartbeat: float,
+    history: int,
+    jobs: Collection[str] | None = None,
 ) -> ClusterView:
-    """What the store knows now, on the database's clock."""
+    """What the store knows now, on the database's clock: the claims of ``jobs``
+    (None: of every job; past _MAX_LISTED names, of every job too)."""
     c, i = tables.claims, tables.instances
     now = (await conn.execute(sa.select(db_now()))).scalar_one()
-    rows = (await conn.execute(sa.select(c))).mappings().all()
+    claims = sa.select(c)
+    if jobs is not None and len(jobs) <= _MAX_LISTED:
+        claims = claims.where(c.c.job.in_(list(jobs)))
+    rows = (await conn.execute(claims)).mappings().all()
     # Instances count as live for three missed heartbeats.
     live = await conn.execute(
         sa.select(i).where(i.c.seen_at > now - 3 * heartbeat).order_by(i.c.started_at)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -191,6 +191,17 @@ class SQLAlchemyStore(StoreClaims):
     async def read(self) -> ClusterView:
         read = partial(
             _reads.cluster, tables=self.tables, heartbeat=self.heartbeat, history=self.history
+        )
+        return await self._operations.run(read)
+
+    async def read_jobs(self, jobs: Collection[str]) -> ClusterView:
+        """`read`, with the claims of ``jobs`` only: a page of a listing."""
+        read = partial(
+            _reads.cluster,
+            tables=self.tables,
+            heartbeat=self.heartbeat,
+            history=self.history,
+            jobs=jobs,
         )
         return await self._operations.run(read)
 

@@ -212,6 +212,7 @@ class HeldReading(SQLAlchemyStore):
     for the test to let it return: a slow reading, made exact."""
 
     hold: asyncio.Event | None = None  # the next reading waits for it
+    read_jobs = None  # type: ignore[assignment]  # GET /jobs reads through read()
     reading: asyncio.Event  # set when a held reading has its answer
     answered: asyncio.Event  # set when it returns it
 

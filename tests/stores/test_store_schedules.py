@@ -460,6 +460,7 @@ class RemovedWhileRead(SQLAlchemyStore):
     schedule ``removing`` be applied first, as a heartbeat may while it waits."""
 
     removing: tuple[Scheduler, str] | None = None
+    read_jobs = None  # type: ignore[assignment]  # every status reading: through read()
 
     async def read(self) -> Any:
         if self.removing is not None:

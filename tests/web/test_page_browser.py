@@ -119,7 +119,7 @@ def test_the_page_shows_every_job_in_its_state_and_html_as_text(browser: Any, ap
         "tenant-report": "never ran",
     }
     # A name and an error that are HTML show as text, and run nothing.
-    hostile = page.locator("tr.job").nth(5)
+    hostile = page.locator("tr.job", has=page.locator("th code", has_text=HOSTILE))
     assert hostile.locator(".error").inner_text() == f"ValueError: {SCRIPT_ERROR}"
     assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
     assert page.locator("tr.job.failing svg.chart rect.failed").count() == 2
@@ -177,7 +177,7 @@ def test_the_buttons_pause_resume_and_run_a_job(browser: Any, app: App) -> None:
     assert page.locator(".notice").inner_text() == "slow is running already: not started again."
 
     # The hostile name's buttons reach its job (its name is escaped in the URL).
-    hostile = page.locator("tr.job").nth(5)
+    hostile = page.locator("tr.job", has=page.locator("th code", has_text=HOSTILE))
     hostile.get_by_role("button", name="Pause").click()
     page.wait_for_url("**/jobs/ui")
     assert status(app, watched, HOSTILE)["paused"] is True
