@@ -276,19 +276,32 @@ class ScheduleBook(ScheduleChanges):
         if table is None:
             warn_if_in_several_processes(self._parts.logger, group)
             answer = self._apply_here(group, rows)
-            made = [self._apply(row) for row in (*answer.created, *answer.changed, *answer.removed)]
+            made = [
+                self._apply(row, quiet=True)
+                for row in (*answer.created, *answer.changed, *answer.removed)
+            ]
         else:
             # A set of 100,000 takes seconds to write: a millisecond a row on top
             # of a change's wait.
             within = _CHANGE_WAIT * self._store_timeout() + len(rows) / 1000
             answer = await self._write_set(group, table, rows, within)
             made = [
-                self._applied(row) for row in (*answer.created, *answer.changed, *answer.removed)
+                self._applied(row, quiet=True)
+                for row in (*answer.created, *answer.changed, *answer.removed)
             ]
         for stored in made[: len(answer.created) + len(answer.changed)]:
             options = given[stored.name].options or {}
             if "paused" in options:
                 await self._pause(stored, paused=bool(options["paused"]), verb="applied")
+        self._parts.logger.info(
+            "schedules of group %r applied: %d made, %d changed, %d removed, %d as they were "
+            "(DEBUG logs each)",
+            group,
+            len(answer.created),
+            len(answer.changed),
+            len(answer.removed),
+            answer.unchanged,
+        )
         return AppliedSchedules(
             group,
             created=tuple(row.name for row in answer.created),

@@ -127,15 +127,16 @@ class ScheduleChanges:
         with contextlib.suppress(Exception), anyio.fail_after(self._store_timeout()):
             await self.sync()
 
-    def _applied(self, row: ScheduleRow) -> StoredSchedule:
+    def _applied(self, row: ScheduleRow, *, quiet: bool = False) -> StoredSchedule:
         """A row this instance wrote, applied unless a heartbeat's read applied it
-        (or a newer change) while the write's answer came back."""
+        (or a newer change) while the write's answer came back. ``quiet``: logged
+        at DEBUG (a set applied says what it did in one line)."""
         known = self.schedules.get(row.name)
         if known is not None and known.version >= row.version:
             return known
         if known is None and row.removed and row.version <= self._seen:
             return StoredSchedule(row.name, row.task, UNREADABLE, version=row.version)
-        return self._apply(row)
+        return self._apply(row, quiet=quiet)
 
     def _apply_newer(self, row: ScheduleRow, *, quiet: bool = False) -> bool:
         """The row applied if it is newer than what this instance has (whether it was)."""

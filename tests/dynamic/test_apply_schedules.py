@@ -4,6 +4,7 @@ input gets; the bound on live schedules."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable
 
@@ -166,3 +167,23 @@ async def test_two_instances_run_an_applied_set_once_and_nothing_removed_after_i
     late = [at for (name, at) in ticks if name in kept]
     assert max(late) > removed_at + 6  # the kept ones went on
     assert len({(name, at) for (name, at) in ticks if name in kept}) >= 25 * 7
+
+
+async def test_a_set_is_logged_in_one_line_and_each_schedule_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1,000 schedules applied say what was done in one INFO line, not a thousand."""
+    scheduler = with_report([])
+    async with scheduler.running():
+        with caplog.at_level(logging.DEBUG, logger="fastapi_jobs"):
+            await scheduler.apply_schedules("g", tenants([str(n) for n in range(1_000)]))
+            await scheduler.apply_schedules("g", tenants([str(n) for n in range(10)]))
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert info == [
+        "schedules of group 'g' applied: 1000 made, 0 changed, 0 removed, 0 as they were "
+        "(DEBUG logs each)",
+        "schedules of group 'g' applied: 0 made, 0 changed, 990 removed, 10 as they were "
+        "(DEBUG logs each)",
+    ]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert "schedule 'report-999' removed" in debug

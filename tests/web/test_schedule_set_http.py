@@ -16,7 +16,8 @@ from fastapi_jobs.stores import SQLAlchemyStore
 
 from ..conftest import serve
 from ..core.test_operate import ADMIN
-from .test_schedule_http import make_app, with_report
+from ..support.postgres import PostgresServer
+from .test_schedule_http import make_app, store_app, with_report
 
 
 def tenant(t: str, every: float = 10, **extra: Any) -> dict[str, Any]:
@@ -139,3 +140,17 @@ async def test_thousands_are_applied_in_one_call_to_a_sqlite_file(tmp_path: Path
     finally:
         await engine.dispose()
 
+
+async def test_a_set_the_store_cannot_take_is_503_saying_nothing_changed(
+    postgres: PostgresServer,
+) -> None:
+    """A store that is down: 503, nothing changed, the URL's password not shown."""
+    url = postgres.url("no_such_database").replace("postgres@", "postgres:hunter2@")
+    async with store_app(url, store_timeout=0.5) as client:
+        answer = await client.put(
+            "/jobs/schedules?group=g", json={"schedules": [tenant("acme")]}, headers=ADMIN
+        )
+    assert answer.status_code == 503
+    detail = answer.json()["detail"]
+    assert "cannot apply the schedules of group 'g'" in detail and "nothing changed" in detail
+    assert "hunter2" not in detail and "postgresql" not in detail
