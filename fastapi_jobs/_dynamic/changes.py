@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import replace
+from functools import partial
 
 import anyio
 
@@ -115,8 +116,11 @@ class ScheduleChanges:
         read_at = int(self._parts.ticking.now() * 1e6)  # the database's time, before it reads
         rows = await table.changes(since)
         self._read_at = read_at
-        for row in rows:
-            self._apply_newer(row)
+        # A set applied elsewhere may bring thousands at once: each at DEBUG, and a count.
+        quiet = len(rows) > _SAID_ONE_BY_ONE
+        applied = sum(self._apply_newer(row, quiet=quiet) for row in rows)
+        if quiet and applied:
+            self._parts.logger.info("read %d changed stored schedule(s) (DEBUG logs each)", applied)
 
     async def learn(self, name: str) -> None:
         """Before acting on ``name``, which no job here has: read the changes, in
@@ -186,6 +190,10 @@ class ScheduleChanges:
             job = self._jobs.build(stored, self.tasks)
         except ConfigurationError as exc:
             return self._leave_alone(row, stored, str(exc))
+        if isinstance(job.func, partial) and job.func.keywords == stored.kwargs:
+            # One dict of the arguments, not two (the job's copy is the one
+            # kept): ~230 bytes a schedule, 23 MB at 100,000.
+            stored = replace(stored, kwargs=job.func.keywords)
         self.schedules[name] = stored
         self._jobs.install(job, stored.version)
         if self._parts.logger.isEnabledFor(logging.DEBUG if quiet else logging.INFO):

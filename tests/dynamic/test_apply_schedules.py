@@ -187,3 +187,25 @@ async def test_a_set_is_logged_in_one_line_and_each_schedule_at_debug(
     ]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert "schedule 'report-999' removed" in debug
+
+
+async def test_another_instance_reads_a_large_set_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The instance that did not apply a set of 500 logs one INFO line as its
+    heartbeat reads them, and runs them."""
+    clock = LoopClock(START)
+    database = MemoryDatabase(clock)
+    a, b = (
+        with_report([], Scheduler(clock=clock, store=MemoryStore(database, heartbeat=1)))
+        for _ in range(2)
+    )
+    async with a.running(), b.running():
+        await anyio.sleep(1.5)  # both started, their first full reads done
+        with caplog.at_level(logging.DEBUG, logger="fastapi_jobs"):
+            await a.apply_schedules("g", tenants([str(n) for n in range(500)], every=3600))
+            await anyio.sleep(2)
+        assert len(b.status()) == 500
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "read 500 changed stored schedule(s) (DEBUG logs each)" in info
+    assert not any(m.startswith("schedule 'report-") for m in info)
