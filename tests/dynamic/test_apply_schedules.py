@@ -209,3 +209,23 @@ async def test_another_instance_reads_a_large_set_in_one_line(
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "read 500 changed stored schedule(s) (DEBUG logs each)" in info
     assert not any(m.startswith("schedule 'report-") for m in info)
+
+
+async def test_paused_in_a_set_holds_where_the_set_makes_or_changes_a_schedule() -> None:
+    """``paused`` in a schedule of the set pauses (or resumes) it where the set
+    makes or changes it; a schedule left as it was keeps an operator's resume."""
+    scheduler = with_report([])
+    async with scheduler.running():
+        paused = [
+            ScheduleSpec("a", "report", Every(seconds=60), {"tenant": "a"}, {"paused": True}),
+        ]
+        await scheduler.apply_schedules("g", paused)
+        assert scheduler.job_status("a").paused
+        await scheduler.resume("a")
+        again = await scheduler.apply_schedules("g", paused)
+        assert again.unchanged == 1 and not scheduler.job_status("a").paused
+        changed = [
+            ScheduleSpec("a", "report", Every(seconds=30), {"tenant": "a"}, {"paused": True})
+        ]
+        assert (await scheduler.apply_schedules("g", changed)).changed == ("a",)
+        assert scheduler.job_status("a").paused
