@@ -536,8 +536,9 @@ class Scheduler:
         public: bool = False,
         bounds: ScheduleBounds | None = None,
     ) -> APIRouter:
-        """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause``, ``/resume``, and
-        ``POST /jobs/schedules``, ``PATCH`` and ``DELETE /jobs/schedules/{name}``.
+        """An ``APIRouter`` with ``POST /jobs/{name}/run``, ``/pause``, ``/resume``,
+        ``/backfill``; ``POST /jobs/schedules``, ``PUT /jobs/schedules?group=`` (a
+        set), ``PATCH`` and ``DELETE /jobs/schedules/{name}``.
 
         Pass the app's own auth:
         ``scheduler.control_router(dependencies=[Depends(require_admin)])``.

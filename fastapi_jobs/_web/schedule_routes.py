@@ -104,7 +104,7 @@ class NewSchedule(BaseModel):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="timeout, retries, retry_backoff, retry_timeouts, paused, catch_up, "
-        "every_instance (durations in seconds).",
+        "every_instance, overlap, jitter (durations in seconds).",
     )
 
 
