@@ -30,32 +30,38 @@ def seconds(
     minimum: float = 0.0,
     maximum: float = math.inf,
     allow_zero: bool = False,
+    unit: str = "seconds",
 ) -> float:
     """``value`` as float seconds, or `ConfigurationError` saying why not.
+    ``unit``: what the number counts, as the messages say it (``every(hours=)``
+    counts hours; only seconds may be a timedelta).
 
     Messages read ``<context><option>=<value>: <what is wrong>``, e.g.
     ``job 'digest': timeout=-1: must be > 0 seconds``. ``minimum`` is exclusive
     unless ``allow_zero``.
     """
     said = f"{context}{option}={short(value)}"
-    if isinstance(value, timedelta):
+    if isinstance(value, timedelta) and unit == "seconds":
         number: object = value.total_seconds()
+    elif isinstance(value, timedelta):
+        raise ConfigurationError(f"{said}: a number of {unit}, not a timedelta")
     else:
         number = value
     if not isinstance(number, (int, float)) or isinstance(number, bool):
-        raise ConfigurationError(f"{said}: not a duration; pass a number of seconds or a timedelta")
+        took = f"a number of {unit}" + (" or a timedelta" if unit == "seconds" else "")
+        raise ConfigurationError(f"{said}: not a duration; pass {took}")
     try:
         result = float(number)
     except OverflowError:  # an int too large for a float
         result = math.inf
     if math.isnan(result) or math.isinf(result):
-        raise ConfigurationError(f"{said}: must be a finite number of seconds")
+        raise ConfigurationError(f"{said}: must be a finite number of {unit}")
     too_small = result < minimum if allow_zero else result <= minimum
     if too_small:
         bound = ">=" if allow_zero else ">"
-        raise ConfigurationError(f"{said}: must be {bound} {minimum:g} seconds")
+        raise ConfigurationError(f"{said}: must be {bound} {minimum:g} {unit}")
     if result > maximum:
-        raise ConfigurationError(f"{said}: too long; the most it takes is {maximum:g} seconds")
+        raise ConfigurationError(f"{said}: too long; the most it takes is {maximum:g} {unit}")
     return result
 
 

@@ -120,7 +120,12 @@ class Every(Schedule):
             ("seconds", seconds, 1),
         ):
             total += unit * _checks.seconds(
-                key, value, context="every(): ", allow_zero=True, maximum=MAX_INTERVAL / unit
+                key,
+                value,
+                context="every(): ",
+                allow_zero=True,
+                maximum=MAX_INTERVAL / unit,
+                unit=key,
             )
         if total > MAX_INTERVAL:
             raise ConfigurationError(

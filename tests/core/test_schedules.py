@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -41,6 +42,24 @@ def test_every_rejects_zero_and_negative(kwargs: dict[str, float]) -> None:
     """A zero, negative or non-finite interval fails when declared."""
     with pytest.raises(ConfigurationError, match=r"interval|every"):
         Every(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"hours": 1e6}, "hours=1000000.0: too long; the most it takes is 876600 hours"),
+        ({"days": 1e9}, "days=1000000000.0: too long; the most it takes is 36525 days"),
+        ({"hours": timedelta(hours=1)}, "a number of hours, not a timedelta"),
+        ({"minutes": "5"}, "not a duration; pass a number of minutes"),
+        ({"hours": float("nan")}, "must be a finite number of hours"),
+    ],
+)
+def test_every_says_each_part_in_its_own_unit(kwargs: dict[str, object], said: str) -> None:
+    """A bad part of an interval is said in the unit it counts; only seconds
+    may be a timedelta (hours=timedelta(hours=1) would be 3,600 hours)."""
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        Every(**kwargs)  # type: ignore[arg-type]
+    assert Every(seconds=timedelta(minutes=2)).interval == timedelta(minutes=2)  # type: ignore[arg-type]
 
 
 def test_every_rejects_offset_outside_interval() -> None:
