@@ -298,6 +298,10 @@ async def test_a_pause_ending_in_the_past_or_without_a_zone_is_422(
         assert (await client.get("/jobs/digest")).json()["paused"] is False  # nothing changed
         bad = await client.post("/jobs/digest/pause", params={"until": "soon"}, headers=ADMIN)
         assert bad.status_code == 422
+        huge = "2026-" + "9" * 5_000
+        long = await client.post("/jobs/digest/pause", params={"until": huge}, headers=ADMIN)
+        assert long.status_code == 422 and "is not an ISO 8601 instant" in long.text
+        assert len(long.text) < 300  # said, not echoed
     with pytest.raises(ConfigurationError, match="aware datetime"):
         await scheduler.pause("digest", until="tomorrow")  # type: ignore[arg-type]
 
