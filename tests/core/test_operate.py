@@ -69,6 +69,7 @@ def test_control_router_without_auth_is_refused_unless_public_on_purpose() -> No
         ("/jobs/{name}/resume", ("POST",)),
         ("/jobs/{name}/backfill", ("POST",)),
         ("/jobs/schedules", ("POST",)),
+        ("/jobs/schedules", ("PUT",)),
         ("/jobs/schedules/{name}", ("PATCH",)),
         ("/jobs/schedules/{name}", ("DELETE",)),
     }
