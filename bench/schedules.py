@@ -290,6 +290,13 @@ def run_live(url: str, kind: str, plan: Plan) -> float:
 
 
 def report(quick: bool = False) -> list[str]:
+    """This run's section, then the 100,000 schedules' (`bench.many_schedules`)."""
+    from .many_schedules import report as many_report
+
+    return [*stored_vs_declared(quick), "", *many_report(quick=quick)]
+
+
+def stored_vs_declared(quick: bool = False) -> list[str]:
     sys.path.insert(0, str(ROOT))
     from tests.support.postgres import PostgresServer
 
@@ -397,30 +404,38 @@ def main() -> None:
             print("\n".join(section))
 
 
-def into(path: Path, section: list[str]) -> None:
-    """``section`` written into a file the bench wrote, in place of the one of
-    the same title or before the run's closing line, and its reproduce line
-    made the one a full run writes now: the other sections are left as their
-    run measured them."""
+def into(
+    path: Path,
+    section: list[str],
+    command: str = "python -m bench.schedules report --into BENCHMARKS.md",
+) -> None:
+    """``section`` (one or more ``## `` blocks) written into a file the bench
+    wrote, each block in place of the one of the same title or before the
+    run's closing line, and its reproduce line made the one a full run writes
+    now: the other sections are left as their run measured them."""
     lines = path.read_text().splitlines()
-    head = section[0].split(":", 1)[0]  # "## Schedules as data"
-    note = [
-        "",
-        "(This section alone: `python -m bench.schedules report --into BENCHMARKS.md`; "
-        "the others are the run the first line names.)",
-    ]
-    body = [*section, *note, ""]
-    closing = next(k for k, line in enumerate(lines) if line.startswith("(The whole run took"))
-    start = next((k for k, line in enumerate(lines) if line.startswith(head)), None)
-    if start is None:
-        lines[closing:closing] = body
-    else:
-        end = next(
-            k
-            for k in range(start + 1, len(lines))
-            if lines[k].startswith(("## ", "(The whole run took"))
-        )
-        lines[start:end] = body
+    starts = [k for k, line in enumerate(section) if line.startswith("## ")]
+    for begin, stop in zip(starts, [*starts[1:], len(section)], strict=True):
+        block = section[begin:stop]
+        while block and not block[-1]:
+            block.pop()
+        head = block[0].split(":", 1)[0]  # "## Schedules as data"
+        note = [
+            "",
+            f"(This section alone: `{command}`; the others are the run the first line names.)",
+        ]
+        body = [*block, *note, ""]
+        closing = next(k for k, line in enumerate(lines) if line.startswith("(The whole run took"))
+        start = next((k for k, line in enumerate(lines) if line.startswith(head)), None)
+        if start is None:
+            lines[closing:closing] = body
+        else:
+            end = next(
+                k
+                for k in range(start + 1, len(lines))
+                if lines[k].startswith(("## ", "(The whole run took"))
+            )
+            lines[start:end] = body
     lines = [REPRODUCE if line.startswith("Reproduce:") else line for line in lines]
     write_out(path, "\n".join(lines) + "\n")
 

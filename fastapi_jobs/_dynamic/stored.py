@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -390,10 +391,10 @@ def decode(row: ScheduleRow, known: bool) -> StoredSchedule:
     if _depth(data["kwargs"]) > MAX_DEPTH:
         raise ConfigurationError(f"schedule {row.name!r}: its kwargs nest too deep")
     options = data.get("options")
-    kept = check_stored_options(row.name, options if isinstance(options, dict) else {})
+    kept = check_stored_options(row.name, options) if options and isinstance(options, dict) else {}
     return StoredSchedule(
         name=row.name,
-        task=row.task,
+        task=sys.intern(row.task),  # a few tasks, named by 100,000 rows: one string each
         schedule=schedule_from(data.get("schedule")),
         # An empty one shared: 10,000 schedules without options keep no dict each.
         kwargs=data["kwargs"] or _EMPTY,

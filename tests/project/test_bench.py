@@ -82,6 +82,33 @@ def test_bench_command_runs_on_a_tiny_n(
     assert scheduled.endswith("| 50, 1 | 50, 1 | |")  # each tick once, stored and declared
 
 
+@pytest.mark.timeout(180)  # ~25 s on a quiet machine: a period of 4 s, waited for thrice
+@pytest.mark.slow  # a PostgreSQL server and 4 processes of its own: CI's second run
+def test_the_many_schedules_bench_runs_each_due_tick_once(postgres: PostgresServer) -> None:
+    """`python -m bench.many_schedules report --quick` prints its section: every
+    stored schedule a job once started, each figure a number, and across the 3
+    processes every due tick of the period run, none twice."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.many_schedules", "report", "--quick"],
+        cwd=ROOT,
+        env=untraced(os.environ),
+        timeout=170,
+        capture_output=True,
+        text=True,
+    )
+    done.check_returncode()
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("## 200 stored schedules on one instance")
+    rows = {row.split(" | ")[0]: row.split(" | ")[1] for row in lines if row.startswith("| ")}
+    assert rows["| jobs once started"] == "200"
+    [once] = [measured for name, measured in rows.items() if "ticks of one period run" in name]
+    assert once == "100; 1", done.stderr[-4000:]  # 100 due, each run once
+    for name, measured in rows.items():
+        if name not in ("| figure", "|---"):
+            numbers = re.findall(r"-?\d+(?:\.\d+)?", measured)
+            assert numbers and all(float(x) >= 0 for x in numbers), (name, measured)
+
+
 @pytest.mark.slow  # a PostgreSQL server of its own: CI's second run
 def test_the_claim_layers_bench_prints_each_layer(postgres: PostgresServer) -> None:
     """`python -m bench.claim_layers --quick` prints one row per layer, every call
