@@ -19,6 +19,7 @@ from ._redaction import MAX_MESSAGE, error_line, error_shown
 from ._results import Outcome, SkipReason
 
 __all__ = [
+    "FILTER_STATES",
     "ClusterJobStatus",
     "ClusterView",
     "ErrorInfo",
@@ -224,6 +225,11 @@ def utc(ts: float | None) -> datetime | None:
         return as_datetime(ts)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+FILTER_STATES = ("failing", "paused", "running", "left_alone")
+"""What a listing's state filter takes: three words of `state_word`, and
+``left_alone``, the stored schedules an instance cannot run."""
 
 
 def state_word(paused: bool, running: bool, outcome: Outcome | None) -> str:

@@ -37,11 +37,11 @@ from .._errors import ConfigurationError, JobNotFoundError
 from .._logging import FORMAT
 from .._scheduler import Scheduler, seam_of
 from .._schedules import Cron
-from .._status import pause_end
+from .._status import ClusterJobStatus, pause_end, state_word
 from .backfill import add_parser as add_backfill
 from .backfill import backfill
 from .run import OK, run
-from .schedules import add_parsers, schedules
+from .schedules import add_filters, add_parsers, schedules, shown_page
 
 __all__ = ["main"]
 
@@ -79,11 +79,13 @@ def _parser() -> argparse.ArgumentParser:
         description="List the jobs of an app: schedule in words, the next run times "
         "(local and UTC), whether ticks are claimed in a store, whether paused (with a "
         "store, as the store has it: the app's lifespan is entered to reach it).",
-        epilog="example:\n  fastapi-jobs list app.main:scheduler -n 3",
+        epilog="examples:\n  fastapi-jobs list app.main:scheduler -n 3\n"
+        "  fastapi-jobs list app.main:scheduler --state failing --name report --limit 20",
         formatter_class=formatter,
     )
     listing.add_argument("target", help=_TARGET_HELP)
     listing.add_argument("-n", type=int, default=3, help="run times per job (default 3)")
+    add_filters(listing, "jobs")
 
     nxt = commands.add_parser(
         "next",
@@ -155,7 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _next(args.expr, args.tz, args.n)
         scheduler, app = load(args.target)
         if args.command == "list":
-            return anyio.run(_settled, _list, scheduler, app, _count(args.n))
+            if args.state == "left_alone":
+                raise UsageError(
+                    "--state left_alone: list lists the jobs declared in code; the "
+                    "stored schedules an app cannot run are in: fastapi-jobs schedules "
+                    "TARGET --state left_alone"
+                )
+            return anyio.run(_settled, _list, scheduler, app, _count(args.n), args)
         if args.command in ("schedules", "schedule"):
             return anyio.run(_settled, schedules, scheduler, app, args)
         if args.command == "backfill":
@@ -279,19 +287,43 @@ def _lifespan_owner(lifespan: object, depth: int) -> Scheduler | None:
 # -- list and run -----------------------------------------------------------------
 
 
-async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
+async def _list(scheduler: Scheduler, app: Any, n: int, args: argparse.Namespace) -> int:
     pauses: Mapping[str, float] | None = None
+    claims: Mapping[str, ClusterJobStatus] = {}
     if scheduler.store is not None:
-        pauses = await _store_pauses(scheduler, app)
+        # A job's claim says whether it fails or runs: read only when asked.
+        pauses, claims = await _store_state(scheduler, app, args.state in ("failing", "running"))
     now = datetime.now(UTC).timestamp()
-    for name, job in scheduler.jobs.items():
+
+    def until_of(name: str) -> float:
+        declared = scheduler.jobs[name].declared_pause
+        return declared if pauses is None else pauses.get(name, declared)
+
+    def state(name: str) -> str:
+        claim = claims.get(name)
+        running = claim is not None and claim.running_on is not None
+        return state_word(
+            until_of(name) > now, running, None if claim is None else claim.last_outcome
+        )
+
+    names = [
+        name
+        for name in scheduler.jobs
+        if args.name.casefold() in name.casefold() and (args.state in (None, state(name)))
+    ]
+    try:
+        shown = shown_page(names, args, by_name=False)
+    except ValueError as exc:  # a bad --after
+        raise UsageError(str(exc)) from None
+    for name in shown:
+        job = scheduler.jobs[name]
         if seam_of(scheduler).claimed(name):
             where = "claimed in the store (one instance per tick)"
         elif job.every_instance:
             where = "every instance"
         else:
             where = "every process (no store)"
-        until = job.declared_pause if pauses is None else pauses.get(name, job.declared_pause)
+        until = until_of(name)
         paused = "paused" if until > now else "not paused"
         if pause_end(until, now) is not None:
             paused += f" until {_when(until, UTC)}"
@@ -312,7 +344,11 @@ async def _list(scheduler: Scheduler, app: Any, n: int) -> int:
     return OK
 
 
-async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] | None:
+async def _store_state(
+    scheduler: Scheduler, app: Any, with_claims: bool
+) -> tuple[Mapping[str, float] | None, Mapping[str, ClusterJobStatus]]:
+    """The store's pauses (None if it cannot be read), and with ``with_claims``
+    each job's last claimed run (one reading of the cluster)."""
     store = scheduler.store
     assert store is not None
     try:
@@ -321,7 +357,10 @@ async def _store_pauses(scheduler: Scheduler, app: Any) -> Mapping[str, float] |
             await store.open(state, scheduler.instance)
             stack.push_async_callback(store.close)
             with anyio.fail_after(store.timeout):
-                return {job: until for job, (until, _) in (await store.pauses()).items()}
+                if with_claims:
+                    view = await store.read()
+                    return view.pauses, view.jobs
+                return {job: until for job, (until, _) in (await store.pauses()).items()}, {}
     except Exception as exc:  # noqa: BLE001 - list what is declared instead
         scheduler.logger.warning("cannot read the store's pauses: %r", exc)
-        return None
+        return None, {}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,11 +31,12 @@ from .._errors import (
 from .._redaction import shown
 from .._scheduler import Scheduler, seam_of
 from .._schedules import Cron, Every, Schedule
-from .._status import ErrorInfo
+from .._status import FILTER_STATES, ErrorInfo
 
-__all__ = ["add_parsers", "schedules"]
+__all__ = ["add_filters", "add_parsers", "schedules", "shown_page"]
 
 OK, STORE_FAILED, BAD_INPUT = 0, 1, 2
+
 _KWARGS = """e.g. --kwargs '{"tenant": "acme"}'"""
 
 
@@ -46,10 +49,12 @@ def add_parsers(commands: Any, target_help: str) -> None:
         description="List the schedules made at run time (with a store: as the store has "
         "them). 'left alone here': this release cannot run it, and says why (an instance "
         "that can runs the schedule).",
-        epilog="example:\n  fastapi-jobs schedules app.main:app",
+        epilog="examples:\n  fastapi-jobs schedules app.main:app\n"
+        "  fastapi-jobs schedules app.main:app --name acme --state failing --limit 50",
         formatter_class=formatter,
     )
     listing.add_argument("target", help=target_help)
+    add_filters(listing, "schedules")
 
     schedule = commands.add_parser(
         "schedule",
@@ -155,8 +160,18 @@ def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]
             listed = await scheduler.schedules()
             if not listed:
                 print("no schedules made at run time", file=sys.stderr)
-            for stored in listed:
-                print(_listed(stored))
+                return
+            kept = [s for s in listed if _holds(s.name, args.name)]
+            if args.state == "left_alone":
+                kept = [s for s in kept if not s.known]
+            elif args.state is not None:
+                seam = seam_of(scheduler)
+                named = set(seam.in_state(await seam.cluster(), args.state))
+                kept = [s for s in kept if s.known and s.name in named]
+            shown = shown_page([s.name for s in kept], args, by_name=True)
+            by_name = {s.name: s for s in kept}
+            for name in shown:
+                print(_listed(by_name[name]))
 
         return listing
     if scheduler.store is None:
@@ -199,6 +214,60 @@ def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]
         print(json.dumps(changed.to_dict()))
 
     return changing
+
+
+def add_filters(parser: argparse.ArgumentParser, listed: str) -> None:
+    """The filters and the page of a listing: as the HTTP listings' (``state=``,
+    ``q=``, ``limit=``, a cursor), the cursor a name here."""
+    parser.add_argument(
+        "--state",
+        choices=FILTER_STATES,
+        help=f"only the {listed} in this state (left_alone: the stored schedules this "
+        "app cannot run)",
+    )
+    parser.add_argument("--name", default="", metavar="TEXT", help="only names holding TEXT")
+    parser.add_argument(
+        "--limit", type=_limit, default=None, metavar="N", help="at most N (default: all)"
+    )
+    parser.add_argument(
+        "--after", metavar="NAME", help="start after NAME (the last line's name of a page)"
+    )
+
+
+def _limit(text: str) -> int | None:
+    if text == "all":
+        return None
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError("write a whole number from 1, or all")
+    return int(text)
+
+
+def _holds(name: str, text: str) -> bool:
+    return text.casefold() in name.casefold()
+
+
+def shown_page(names: list[str], args: argparse.Namespace, *, by_name: bool) -> list[str]:
+    """Of ``names`` (those the filters keep, in the listing's order), the page
+    asked (``--after``, ``--limit``); the count and where the next page starts
+    said on stderr, where a pipe does not read it. ``by_name``: the listing is
+    by name, and ``--after`` a place in it, whether or not that name is there;
+    else it must name one of ``names`` (`ValueError` if not)."""
+    start = 0
+    if args.after is not None:
+        if by_name:
+            start = bisect_right(names, args.after)
+        elif args.after in names:
+            start = names.index(args.after) + 1
+        else:
+            raise ValueError(f"--after {args.after!r}: no such name here; give the last name shown")
+    end = len(names) if args.limit is None else min(len(names), start + args.limit)
+    shown = names[start:end]
+    if args.limit is not None or args.after is not None or args.state or args.name:
+        said = f"{len(shown)} shown of {len(names)}"
+        if end < len(names):
+            said += f"; the next page: --after {shlex.quote(shown[-1])}"
+        print(said, file=sys.stderr)
+    return shown
 
 
 def _listed(stored: StoredSchedule) -> str:

@@ -24,6 +24,7 @@ from typing import Annotated, Literal, NoReturn, TypeVar
 from fastapi import HTTPException, Query, Request
 
 from .._checks import MAX_NAME
+from .._status import FILTER_STATES
 
 __all__ = ["MOST", "STATES", "Ask", "asked", "headers", "matching"]
 
@@ -32,9 +33,8 @@ Kind = Literal["jobs", "schedules", "runs"]
 
 MOST = 1000
 """The most rows a page holds; ``limit=all`` asks for every row at once."""
-STATES = ("failing", "paused", "running", "left_alone")
-"""What ``state=`` takes: the state column's words, and the stored schedules
-this instance leaves alone (cannot run here)."""
+STATES = FILTER_STATES
+"""What ``state=`` takes."""
 
 _LIMIT = f"limit: write a whole number from 1 to {MOST}, or limit=all for every row"
 _CURSOR = (

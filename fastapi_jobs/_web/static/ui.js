@@ -1,4 +1,5 @@
-// fastapi_jobs status page: ticks the countdowns and refreshes the page in place.
+// fastapi_jobs status page: ticks the countdowns, refreshes the page in place, and
+// applies a state chosen in the filter.
 // Served as a file (not inline) so that a CSP without 'unsafe-inline' allows it.
 "use strict";
 (() => {
@@ -57,6 +58,15 @@
     url.searchParams.delete("job");
     return url.pathname + url.search;
   };
+
+  // A state chosen in the filter's list applies at once (the button is for
+  // the keyboard, and for a page without its script).
+  document.addEventListener("change", (event) => {
+    const chosen = event.target;
+    if (chosen instanceof HTMLSelectElement && chosen.form?.classList.contains("filter")) {
+      chosen.form.requestSubmit();
+    }
+  });
 
   const start = () => {
     // A notice from a button is shown once: the address loses it.
