@@ -182,7 +182,7 @@ async def run_block(path: Path, code: str, tmp_path: Path, monkeypatch: pytest.M
                 for login in logins:
                     listed = await client.get("/jobs", **login)
                     assert listed.status_code == 200
-                    assert [job["name"] for job in listed.json()] == list(scheduler.jobs)
+                    assert [job["name"] for job in listed.json()] == sorted(scheduler.jobs)
             results = [await scheduler.run_now(name) for name in scheduler.jobs]
     else:
         async with scheduler.running():

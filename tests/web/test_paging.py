@@ -6,6 +6,8 @@ their counts, whole listings, and bad values refused without being echoed."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from fastapi_jobs import Every, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 
 from ..conftest import HOUR, serve, virtual_scheduler
+from ..support.cluster import ROOT
 from ..support.waiting import poll
 from .many import LEGACY, PAUSED, RARE, TENANTS, legacy, seed, tenant
 
@@ -261,3 +264,17 @@ async def test_the_runs_page_from_the_newest_and_new_runs_shift_no_page() -> Non
     numbers = [int(i.rpartition("#")[2]) for i in ids]
     assert numbers == list(range(numbers[0], numbers[0] - len(numbers), -1))
     assert len(numbers) == 20 + 20 + (50 - 40 - 4)  # the oldest 4 left the ring meanwhile
+
+
+def test_the_listings_bench_runs_on_a_tiny_n() -> None:
+    """`python -m bench.listings --quick` prints its table: a row per request."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "bench.listings", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    rows = [line for line in ran.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 12 and "| GET /jobs (100) |" in ran.stdout
