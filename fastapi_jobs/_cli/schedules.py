@@ -84,6 +84,14 @@ def add_parsers(commands: Any, target_help: str) -> None:
     for parser in (add, change, remove):
         parser.add_argument("target", help=target_help)
         parser.add_argument("name", help="the schedule's name (its job's)")
+    _add_apply(verbs, target_help)
+    add.add_argument("task", help="the task it runs (registered with @scheduler.task())")
+    change.add_argument("--task", help="the task it runs from now on")
+    _add_spec_arguments(add, change)
+
+
+def _add_apply(verbs: Any, target_help: str) -> None:
+    """``schedule apply TARGET --group G FILE``."""
     apply = verbs.add_parser(
         "apply",
         help="make a group's schedules exactly those of a JSON file",
@@ -93,14 +101,11 @@ def add_parsers(commands: Any, target_help: str) -> None:
         '{"schedules": [{"name": ..., "task": ..., "schedule": {"every": 3600}, "kwargs": '
         '{...}, "options": {...}}, ...]}. Prints what was done, as JSON.',
         epilog="example:\n  fastapi-jobs schedule apply app.main:app --group reports reports.json",
-        formatter_class=formatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     apply.add_argument("target", help=target_help)
     apply.add_argument("--group", required=True, help="the set's name (a tenant, a source)")
     apply.add_argument("file", help="the JSON file, or - for standard input")
-    add.add_argument("task", help="the task it runs (registered with @scheduler.task())")
-    change.add_argument("--task", help="the task it runs from now on")
-    _add_spec_arguments(add, change)
 
 
 def _add_spec_arguments(add: argparse.ArgumentParser, change: argparse.ArgumentParser) -> None:
@@ -180,13 +185,7 @@ def _action(scheduler: Scheduler, args: argparse.Namespace) -> Callable[[], Any]
             "this process only; give it one (Scheduler(store=SQLAlchemyStore(...)))"
         )
     if args.verb == "apply":
-        wanted = _set(args.file)
-
-        async def applying() -> None:
-            applied = await scheduler.apply_schedules(args.group, wanted)
-            print(json.dumps(applied.to_dict()))
-
-        return applying
+        return _applying(scheduler, args.group, _set(args.file))
     name = args.name
     if args.verb == "remove":
 
@@ -291,6 +290,14 @@ def _schedule(args: argparse.Namespace) -> Schedule | None:
     if args.offset or args.tz != "UTC":
         raise _Refused("--offset goes with --every, --tz with --cron")
     return None
+
+
+def _applying(scheduler: Scheduler, group: str, wanted: list[ScheduleSpec]) -> Callable[[], Any]:
+    async def applying() -> None:
+        applied = await scheduler.apply_schedules(group, wanted)
+        print(json.dumps(applied.to_dict()))
+
+    return applying
 
 
 def _set(path: str) -> list[ScheduleSpec]:

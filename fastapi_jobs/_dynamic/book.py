@@ -250,6 +250,46 @@ class ScheduleBook(ScheduleChanges):
         """Make the live schedules of ``group`` exactly ``wanted``: with a store,
         in one transaction, and applied here at once (the other instances at
         their next heartbeat)."""
+        group, given, rows = self._checked_set(group, wanted)
+        table = self._table
+        if table is None:
+            warn_if_in_several_processes(self._parts.logger, group)
+            answer = self._apply_here(group, rows)
+            apply = partial(self._apply, quiet=True)
+        else:
+            # A set of 100,000 takes seconds to write: a millisecond a row on top
+            # of a change's wait.
+            within = _CHANGE_WAIT * self._store_timeout() + len(rows) / 1000
+            answer = await self._write_set(group, table, rows, within)
+            apply = partial(self._applied, quiet=True)
+        made = [apply(row) for row in (*answer.created, *answer.changed, *answer.removed)]
+        for stored in made[: len(answer.created) + len(answer.changed)]:
+            options = given[stored.name].options or {}
+            if "paused" in options:
+                await self._pause(stored, paused=bool(options["paused"]), verb="applied")
+        done = AppliedSchedules(
+            group,
+            created=tuple(row.name for row in answer.created),
+            changed=tuple(row.name for row in answer.changed),
+            removed=tuple(row.name for row in answer.removed),
+            unchanged=answer.unchanged,
+        )
+        self._parts.logger.info(
+            "schedules of group %r applied: %d made, %d changed, %d removed, %d as they were "
+            "(DEBUG logs each)",
+            group,
+            len(done.created),
+            len(done.changed),
+            len(done.removed),
+            done.unchanged,
+        )
+        return done
+
+    def _checked_set(
+        self, group: str, wanted: Iterable[ScheduleSpec]
+    ) -> tuple[str, dict[str, ScheduleSpec], dict[str, tuple[str, str]]]:
+        """The group's name, and each schedule (by name) with its task and spec, or
+        `ConfigurationError` for the first that cannot be: nothing applied."""
         try:
             # A group's name goes where a job's does (URLs, logs, a VARCHAR(200)).
             group = check_name(group)
@@ -272,43 +312,7 @@ class ScheduleBook(ScheduleChanges):
             options = spec.options or {}
             rows[name] = self._check(name, spec.task, spec.schedule, spec.kwargs, options)
             given[name] = spec
-        table = self._table
-        if table is None:
-            warn_if_in_several_processes(self._parts.logger, group)
-            answer = self._apply_here(group, rows)
-            made = [
-                self._apply(row, quiet=True)
-                for row in (*answer.created, *answer.changed, *answer.removed)
-            ]
-        else:
-            # A set of 100,000 takes seconds to write: a millisecond a row on top
-            # of a change's wait.
-            within = _CHANGE_WAIT * self._store_timeout() + len(rows) / 1000
-            answer = await self._write_set(group, table, rows, within)
-            made = [
-                self._applied(row, quiet=True)
-                for row in (*answer.created, *answer.changed, *answer.removed)
-            ]
-        for stored in made[: len(answer.created) + len(answer.changed)]:
-            options = given[stored.name].options or {}
-            if "paused" in options:
-                await self._pause(stored, paused=bool(options["paused"]), verb="applied")
-        self._parts.logger.info(
-            "schedules of group %r applied: %d made, %d changed, %d removed, %d as they were "
-            "(DEBUG logs each)",
-            group,
-            len(answer.created),
-            len(answer.changed),
-            len(answer.removed),
-            answer.unchanged,
-        )
-        return AppliedSchedules(
-            group,
-            created=tuple(row.name for row in answer.created),
-            changed=tuple(row.name for row in answer.changed),
-            removed=tuple(row.name for row in answer.removed),
-            unchanged=answer.unchanged,
-        )
+        return group, given, rows
 
     async def _write_set(
         self,

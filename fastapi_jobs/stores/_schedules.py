@@ -179,21 +179,8 @@ class StoreSchedules:
         most: int | None,
     ) -> AppliedRows:
         """`apply`'s work, inside its transaction."""
-        s = self._table
         started = (await conn.execute(sa.select(db_now()))).scalar_one()
-        postgres = conn.dialect.name == "postgresql"
-        if postgres:
-            # Applies of one group one after the other (SQLite's BEGIN IMMEDIATE
-            # already makes every writer wait); the group's rows locked against a
-            # change by name meanwhile.
-            key = sa.func.hashtext(sa.literal(f"{s.name}\x1f{group}"))
-            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
-        query = sa.select(s.c.name, s.c.task, s.c.spec).where(
-            s.c.group_name == group, s.c.removed == sa.false()
-        )
-        if postgres:
-            query = query.with_for_update()
-        current = {name: (task, spec) for name, task, spec in (await conn.execute(query)).all()}
+        current = await self._group_locked(conn, group)
         new = [name for name in rows if name not in current]
         changed = [name for name in rows if name in current and current[name] != rows[name]]
         gone = [name for name in current if name not in rows]
@@ -201,81 +188,117 @@ class StoreSchedules:
             live = await self._live_count(conn)
             if live - len(gone) + len(new) > most:
                 raise TooManySchedulesError(live, len(new) - len(gone), most)
-        now, clock = db_now(), sa.cast(db_now() * sa.literal_column("1000000"), sa.BigInteger)
-        if new:
-            insert = postgresql.insert if postgres else sqlite.insert
-            values = insert(s).values(version=clock, updated_at=now, removed=sa.false())
-            # A removed row is taken over (its version goes on growing); a live
-            # one (another group's, or one made by name) refuses.
-            statement = values.on_conflict_do_update(
-                index_elements=[s.c.name],
-                set_={
-                    "task": values.excluded.task,
-                    "spec": values.excluded.spec,
-                    "group_name": values.excluded.group_name,
-                    "version": self._version(),
-                    "updated_at": now,
-                    "removed": sa.false(),
-                },
-                where=s.c.removed == sa.true(),
-            ).returning(s.c.name)
-            params = [
-                {"name": name, "task": rows[name][0], "spec": rows[name][1], "group_name": group}
-                for name in new
-            ]
-            made = {name for (name,) in (await conn.execute(statement, params)).all()}
-            if len(made) != len(new):
-                taken = [name for name in new if name not in made]
-                raise NameTakenError(
-                    f"{len(taken)} of the schedules' names are taken by live schedules outside "
-                    f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}"
-                    f"{', ...' if len(taken) > 5 else ''}): remove those, or leave them out; "
-                    "nothing was applied"
-                )
-        if changed:
-            update = (
-                sa.update(s)
-                .where(
-                    s.c.name == sa.bindparam("b_name"),
-                    s.c.group_name == group,
-                    s.c.removed == sa.false(),
-                )
-                .values(
-                    task=sa.bindparam("b_task"),
-                    spec=sa.bindparam("b_spec"),
-                    version=self._version(),
-                    updated_at=now,
-                )
-            )
-            await conn.execute(
-                update,
-                [{"b_name": n, "b_task": rows[n][0], "b_spec": rows[n][1]} for n in changed],
-            )
-        for chunk in _chunks(gone):
-            await conn.execute(
-                sa.update(s)
-                .where(s.c.group_name == group, s.c.removed == sa.false(), s.c.name.in_(chunk))
-                .values(removed=sa.true(), version=self._version(), updated_at=now)
-            )
-        written = s.c.group_name == group, s.c.updated_at >= started
-        if new or changed or gone:
-            took = (await conn.execute(sa.select(db_now()))).scalar_one() - started
-            if took > self._ops.timeout:
-                # Instances read the changes since a little before their last
-                # read (three store timeouts): a version stamped long before the
-                # COMMIT would be missed until they read every row. Stamped again.
-                await conn.execute(sa.update(s).where(*written).values(version=self._version()))
-        out = [
-            _row(row)
-            for row in (await conn.execute(sa.select(*self._columns()).where(*written))).all()
-        ]
-        by_name = {row.name: row for row in out}
+        await self._insert(conn, group, {name: rows[name] for name in new})
+        await self._change_all(conn, group, {name: rows[name] for name in changed})
+        await self._remove_all(conn, group, gone)
+        by_name = await self._written(conn, group, started, bool(new or changed or gone))
         return AppliedRows(
             created=[by_name[name] for name in new],
             changed=[by_name[name] for name in changed],
             removed=[by_name[name] for name in gone],
             unchanged=len(rows) - len(new) - len(changed),
         )
+
+    async def _group_locked(self, conn: AsyncConnection, group: str) -> dict[str, tuple[str, str]]:
+        """The group's live rows (name: task, spec), locked for the transaction."""
+        s = self._table
+        query = sa.select(s.c.name, s.c.task, s.c.spec).where(
+            s.c.group_name == group, s.c.removed == sa.false()
+        )
+        if conn.dialect.name == "postgresql":
+            # Applies of one group one after the other (SQLite's BEGIN IMMEDIATE
+            # already makes every writer wait); the group's rows locked against a
+            # change by name meanwhile.
+            key = sa.func.hashtext(sa.literal(f"{s.name}\x1f{group}"))
+            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+            query = query.with_for_update()
+        return {name: (task, spec) for name, task, spec in (await conn.execute(query)).all()}
+
+    async def _insert(
+        self, conn: AsyncConnection, group: str, rows: Mapping[str, tuple[str, str]]
+    ) -> None:
+        """Insert ``rows`` in ``group``, or `NameTakenError` if a live row has a name."""
+        if not rows:
+            return
+        s, now = self._table, db_now()
+        clock = sa.cast(now * sa.literal_column("1000000"), sa.BigInteger)
+        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        values = insert(s).values(version=clock, updated_at=now, removed=sa.false())
+        # A removed row is taken over (its version goes on growing); a live one
+        # (another group's, or one made by name) refuses.
+        statement = values.on_conflict_do_update(
+            index_elements=[s.c.name],
+            set_={
+                "task": values.excluded.task,
+                "spec": values.excluded.spec,
+                "group_name": values.excluded.group_name,
+                "version": self._version(),
+                "updated_at": now,
+                "removed": sa.false(),
+            },
+            where=s.c.removed == sa.true(),
+        ).returning(s.c.name)
+        params = [
+            {"name": name, "task": task, "spec": spec, "group_name": group}
+            for name, (task, spec) in rows.items()
+        ]
+        made = {name for (name,) in (await conn.execute(statement, params)).all()}
+        taken = [name for name in rows if name not in made]
+        if taken:
+            raise NameTakenError(
+                f"{len(taken)} of the schedules' names are taken by live schedules outside "
+                f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}"
+                f"{', ...' if len(taken) > 5 else ''}): remove those, or leave them out; "
+                "nothing was applied"
+            )
+
+    async def _change_all(
+        self, conn: AsyncConnection, group: str, rows: Mapping[str, tuple[str, str]]
+    ) -> None:
+        if not rows:
+            return
+        s = self._table
+        update = (
+            sa.update(s)
+            .where(
+                s.c.name == sa.bindparam("b_name"),
+                s.c.group_name == group,
+                s.c.removed == sa.false(),
+            )
+            .values(
+                task=sa.bindparam("b_task"),
+                spec=sa.bindparam("b_spec"),
+                version=self._version(),
+                updated_at=db_now(),
+            )
+        )
+        params = [{"b_name": n, "b_task": t, "b_spec": sp} for n, (t, sp) in rows.items()]
+        await conn.execute(update, params)
+
+    async def _remove_all(self, conn: AsyncConnection, group: str, names: Sequence[str]) -> None:
+        s = self._table
+        for chunk in _chunks(names):
+            await conn.execute(
+                sa.update(s)
+                .where(s.c.group_name == group, s.c.removed == sa.false(), s.c.name.in_(chunk))
+                .values(removed=sa.true(), version=self._version(), updated_at=db_now())
+            )
+
+    async def _written(
+        self, conn: AsyncConnection, group: str, started: float, wrote: bool
+    ) -> dict[str, ScheduleRow]:
+        """The rows of ``group`` this transaction wrote, by name."""
+        s = self._table
+        written = s.c.group_name == group, s.c.updated_at >= started
+        if wrote:
+            took = (await conn.execute(sa.select(db_now()))).scalar_one() - started
+            if took > self._ops.timeout:
+                # Instances read the changes since a little before their last
+                # read (three store timeouts): a version stamped long before the
+                # COMMIT would be missed until they read every row. Stamped again.
+                await conn.execute(sa.update(s).where(*written).values(version=self._version()))
+        found = (await conn.execute(sa.select(*self._columns()).where(*written))).all()
+        return {row.name: row for row in map(_row, found)}
 
     # -- internals --------------------------------------------------------
 
