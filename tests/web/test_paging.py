@@ -18,9 +18,10 @@ import pytest
 from fastapi import FastAPI
 
 from fastapi_jobs import Every, Scheduler
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.stores import Ended, SQLAlchemyStore
 
-from ..conftest import HOUR, serve, virtual_scheduler
+from ..conftest import HOUR, claim1, serve, virtual_scheduler
+from ..stores.test_store import opened
 from ..support.cluster import ROOT
 from ..support.waiting import poll
 from .many import LEGACY, PAUSED, RARE, TENANTS, legacy, seed, tenant
@@ -278,3 +279,47 @@ def test_the_listings_bench_runs_on_a_tiny_n() -> None:
     assert ran.returncode == 0, ran.stderr
     rows = [line for line in ran.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 12 and "| GET /jobs (100) |" in ran.stdout
+
+
+async def test_a_read_of_some_jobs_has_their_claims_and_every_pause(database_url: str) -> None:
+    """``read_jobs``: the claims of the jobs named (a page's), with the pauses and
+    instances as ``read`` has them; past 500 names, every claim."""
+    async with opened(database_url) as (store, _):
+        for job in ("a", "b", "c"):
+            assert await claim1(store, job, 1000.0) == 1
+        await store.pause("c", None)
+        some = await store.read_jobs(["a", "nope"])
+        whole = await store.read()
+        many = await store.read_jobs([f"x{i}" for i in range(600)])
+    assert set(some.jobs) == {"a"} and set(whole.jobs) == {"a", "b", "c"}
+    assert some.pauses == whole.pauses and set(some.pauses) == {"c"}
+    assert some.instances == whole.instances
+    assert set(many.jobs) == {"a", "b", "c"}  # more than asked: allowed
+
+
+async def test_a_claimed_jobs_runs_page_by_their_fences(tmp_path: Path) -> None:
+    """With a store, a run's place is its claim's fence: pages of 10 of 30 runs
+    go 30 to 21, 20 to 11, 10 to 1."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'runs.sqlite3'}"
+    async with opened(url) as (store, _):
+        for fence in range(1, 31):
+            assert await claim1(store, "digest", 1000.0 + fence) == fence
+            await store.release([Ended("digest", fence, "ok", None, 0.1)])
+    scheduler = Scheduler(store=SQLAlchemyStore(url))
+
+    @scheduler.every(hours=RARE)
+    async def digest() -> None: ...
+
+    made = FastAPI(lifespan=scheduler.lifespan)
+    made.include_router(scheduler.router)
+    pages = []
+    async with serve(made) as client:
+        answer = await client.get("/jobs/digest/runs", params={"limit": 10})
+        assert answer.headers["x-total-count"] == "30"
+        while True:
+            pages.append([run["fence"] for run in answer.json()])
+            nxt = next_page(answer)
+            if nxt is None:
+                break
+            answer = await client.get(nxt)
+    assert pages == [list(range(top, top - 10, -1)) for top in (30, 20, 10)]
