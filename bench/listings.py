@@ -34,6 +34,7 @@ ASKED = [
     ("GET /jobs?state=failing", "/jobs?state=failing"),
     ("GET /jobs/{name}", "/jobs/s000001"),
     ("GET /jobs/{name}/runs", "/jobs/s000001/runs"),
+    ("GET /jobs/instances", "/jobs/instances"),
     ("GET /jobs/schedules (100)", "/jobs/schedules"),
     ("GET /jobs?limit=all", "/jobs?limit=all"),
 ]

@@ -26,22 +26,20 @@ from fastapi import HTTPException, Query, Request
 from .._checks import MAX_NAME
 from .._status import FILTER_STATES
 
-__all__ = ["MOST", "STATES", "Ask", "asked", "headers", "matching"]
+__all__ = ["MOST", "Ask", "asked", "headers", "matching"]
 
 Row = TypeVar("Row")
 Kind = Literal["jobs", "schedules", "runs"]
 
 MOST = 1000
 """The most rows a page holds; ``limit=all`` asks for every row at once."""
-STATES = FILTER_STATES
-"""What ``state=`` takes."""
 
 _LIMIT = f"limit: write a whole number from 1 to {MOST}, or limit=all for every row"
 _CURSOR = (
     'cursor: give the cursor of this listing\'s Link header (rel="next") as it came, '
     "or leave it out for the first page"
 )
-_STATE = f"state: write one of {', '.join(STATES)}, or leave it out for every state"
+_STATE = f"state: write one of {', '.join(FILTER_STATES)}, or leave it out for every state"
 _Q = f"q: write at most {MAX_NAME} characters of the names to find"
 
 
@@ -70,7 +68,7 @@ class Ask:
         """The query's values checked: a 422 that says what to write if one is
         bad. An empty value is as one left out (what a page's form sends)."""
         limit, cursor, state = limit or None, cursor or None, state or None
-        if state is not None and state not in STATES:
+        if state is not None and state not in FILTER_STATES:
             _refuse(_STATE)
         if q is not None and len(q) > MAX_NAME:
             _refuse(_Q)

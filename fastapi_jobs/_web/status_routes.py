@@ -134,7 +134,7 @@ def _add_status(router: APIRouter, seam: Seam) -> None:
         summary="App instances sharing the store, seen recently",
     )
     async def list_instances() -> list[InstanceStatus]:
-        view = await seam.cluster()
+        view = await seam.cluster(())  # no job's claim: the instances are in every reading
         return [] if view is None else view.instances
 
     add_schedule_list(router, seam)  # before /{name}, as /instances

@@ -278,7 +278,7 @@ def test_the_listings_bench_runs_on_a_tiny_n() -> None:
     )
     assert ran.returncode == 0, ran.stderr
     rows = [line for line in ran.stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 12 and "| GET /jobs (100) |" in ran.stdout
+    assert len(rows) == 13 and "| GET /jobs (100) |" in ran.stdout
 
 
 async def test_a_read_of_some_jobs_has_their_claims_and_every_pause(database_url: str) -> None:
