@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -45,7 +45,7 @@ from .leases import Lease, LeaseKeeper
 
 if TYPE_CHECKING:
     from .claims import Claims
-    from .concurrency import Gate, TaskHandle
+    from .concurrency import Gate, Handle
     from .observers import Observers
 
 __all__ = ["CUT_BEFORE_TICK", "HISTORY", "Dispatching", "JobRunner", "Spawning", "backoff"]
@@ -153,7 +153,7 @@ class JobRunner:
         self._claims: Claims | None = None
         self._tasks: Spawning | None = None
         self._serving = False  # its task is made (and has not ended)
-        self._handle: TaskHandle | None = None  # its task, while it serves
+        self._handle: Handle | None = None  # its task, while it serves
         self._gate: Gate | None = None  # what the parked task waits on
         self.thread_done: threading.Event | None = None  # set when a sync run's thread returns
         schedule = job.schedule
@@ -222,14 +222,15 @@ class JobRunner:
         self.stopping = self.in_flight = self.woken = self._serving = False
         self.fence = self._catch_up = self.queued = self.replaced_by = None
 
-    def bind(self, handle: TaskHandle) -> None:
+    def bind(self, handle: Handle) -> None:
         """Give the runner the task that serves it (before the task runs)."""
         self._handle = handle
 
     @property
     def task(self) -> asyncio.Task[Any] | None:
         """The asyncio task that serves the job, while it does (on asyncio)."""
-        return None if self._handle is None else self._handle.task
+        handle = self._handle
+        return handle if isinstance(handle, asyncio.Task) else None
 
     def watched_by(self, observers: Observers) -> None:
         """Tell ``observers`` about this job's runs and skips (none: if empty)."""
@@ -444,11 +445,12 @@ class JobRunner:
 
     # -- its task ------------------------------------------------------------------
 
-    async def serve(self, state: Mapping[str, Any], dispatcher: Dispatching) -> None:
-        """The job's task: park until woken, run, and again, until `stop`."""
-        handle = self._handle
-        assert handle is not None, "bound by the backend before the task runs"
-        new_gate = handle.new_gate  # a future on asyncio, an event elsewhere
+    async def serve(
+        self, state: Mapping[str, Any], dispatcher: Dispatching, new_gate: Callable[[], Gate]
+    ) -> None:
+        """The job's task: park until woken, run, and again, until `stop`.
+        ``new_gate``: what it parks on (a future on asyncio, an event elsewhere)."""
+        assert self._handle is not None, "bound by the backend before the task runs"
         try:
             if self.job.catch_up is not None:
                 # Needs a round trip to the store: here, not in the scheduler's start.
@@ -623,7 +625,7 @@ class JobRunner:
         assert handle is not None, "a claimed run is run by the job's task"
         # A lost lease cancels the job's task where that can be taken back
         # (asyncio: cheaper than a scope per run), the run's own scope elsewhere.
-        scope = anyio.CancelScope() if handle.scoped else None
+        scope = None if isinstance(handle, asyncio.Task) else anyio.CancelScope()
         cancel = handle.cancel if scope is None else scope.cancel
         lease = self.lease = leases.hold(name, fence, self.claimed_at, cancel, self.logger)
         past = self.due if manual is not None and manual.past else None
@@ -640,7 +642,7 @@ class JobRunner:
             leases.end(lease)
             self.lease = None
             if lease.lost is not None:
-                if scope is None:
+                if isinstance(handle, asyncio.Task):
                     handle.uncancel()  # the keeper's cancel is spent
                 if not lease.told:
                     self._lost_between_attempts(lease)

@@ -65,7 +65,7 @@ class JobTasks:
         backend.start(
             runner,
             partial(runner.serve, self._state, self._dispatcher),
-            f"fastapi_jobs:{runner.job.name}",
+            runner.job.name,
             self._context.copy(),
             self._ended,
         )
