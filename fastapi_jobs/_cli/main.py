@@ -73,20 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {described()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    listing = commands.add_parser(
-        "list",
-        help="each job: its schedule, next run times, claimed or not, paused or not",
-        description="List the jobs of an app: schedule in words, the next run times "
-        "(local and UTC), whether ticks are claimed in a store, whether paused (with a "
-        "store, as the store has it: the app's lifespan is entered to reach it).",
-        epilog="examples:\n  fastapi-jobs list app.main:scheduler -n 3\n"
-        "  fastapi-jobs list app.main:scheduler --state failing --name report --limit 20",
-        formatter_class=formatter,
-    )
-    listing.add_argument("target", help=_TARGET_HELP)
-    listing.add_argument("-n", type=int, default=3, help="run times per job (default 3)")
-    add_filters(listing, "jobs")
-
+    _add_list(commands)
     nxt = commands.add_parser(
         "next",
         help="the next run times of a cron expression",
@@ -121,6 +108,22 @@ def _parser() -> argparse.ArgumentParser:
     add_parsers(commands, _TARGET_HELP)
     add_backfill(commands, _TARGET_HELP)
     return parser
+
+
+def _add_list(commands: Any) -> None:
+    listing = commands.add_parser(
+        "list",
+        help="each job: its schedule, next run times, claimed or not, paused or not",
+        description="List the jobs of an app: schedule in words, the next run times "
+        "(local and UTC), whether ticks are claimed in a store, whether paused (with a "
+        "store, as the store has it: the app's lifespan is entered to reach it).",
+        epilog="examples:\n  fastapi-jobs list app.main:scheduler -n 3\n"
+        "  fastapi-jobs list app.main:scheduler --state failing --name report --limit 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    listing.add_argument("target", help=_TARGET_HELP)
+    listing.add_argument("-n", type=int, default=3, help="run times per job (default 3)")
+    add_filters(listing, "jobs")
 
 
 # aiosqlite's worker threads hand their last answers to the event loop (a
