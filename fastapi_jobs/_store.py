@@ -82,9 +82,11 @@ class Store(Protocol):
     the answer, as if held elsewhere. The others of ``wanted`` are claimed as
     usual. The instant's claim only saves work: each job's own claim decides.
 
-    Optional: ``read_jobs(jobs)``, `read` with the claims of ``jobs`` only
-    (others may come too): where a store has it, the status page and a
-    listing's page read the claims of the jobs they show, not of every job.
+    Optional: ``read_jobs(jobs, unwell=False)``, `read` with the claims of
+    ``jobs`` only (others may come too), and with ``unwell`` also every claim
+    whose last run failed or timed out, or whose lease is live: where a store
+    has it, the status page and a listing's page read the claims of the jobs
+    they show, and a filter on failing or running those that can be.
 
     Optional too: ``schedules`` (a `ScheduleTable`: schedules made at run
     time), ``backfills`` (`PastTicks`: `Scheduler.backfill`) and ``outbox``
@@ -335,7 +337,7 @@ class Capabilities(NamedTuple):
     instant_claims: bool = False
     release_then_claim: _Both | None = None
     follow_clock: Callable[[Clock], None] | None = None
-    read_jobs: Callable[[Collection[str]], Awaitable[ClusterView]] | None = None
+    read_jobs: Callable[[Collection[str], bool], Awaitable[ClusterView]] | None = None
 
     @classmethod
     def of(cls, store: Store | None) -> Capabilities:

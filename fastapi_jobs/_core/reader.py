@@ -39,7 +39,9 @@ class Reader:
     def job_status(self, name: str) -> JobStatus:
         return self.snapshot(self._parts.runner(name))
 
-    async def cluster(self, jobs: Collection[str] | None = None) -> ClusterView | None:
+    async def cluster(
+        self, jobs: Collection[str] | None = None, unwell: bool = False
+    ) -> ClusterView | None:
         """With a store: every job's last run across instances (or of ``jobs``,
         at least, where the store can read only theirs), and the instances
         seen recently. None without a store, or when the store is unreachable."""
@@ -50,7 +52,7 @@ class Reader:
         try:
             with anyio.fail_after(store.timeout):
                 if jobs is not None and narrow is not None:
-                    return await narrow(jobs)
+                    return await narrow(jobs, unwell)
                 return await store.read()
         except Exception as exc:  # noqa: BLE001 - a status page must not fail
             self._parts.logger.warning("cannot read the store for the status page: %r", exc)
@@ -93,6 +95,18 @@ class Reader:
             if word == state:
                 found.append(name)
         return found
+
+    async def unwell(self) -> ClusterView | None:
+        """A reading of the cluster that tells which jobs fail or run (`in_state`):
+        where the store can, the claims whose last run failed or whose lease is
+        live, and of the jobs this process saw fail (their claim may say they
+        ran well since); not every claim."""
+        seen = [
+            name
+            for name, runner in self._parts.runners.items()
+            if runner.store is not None and runner.stats.last_outcome in ("failed", "timed_out")
+        ]
+        return await self.cluster(seen, unwell=True)
 
     def _apply(self, view: ClusterView | None) -> None:
         """The pauses of ``view`` applied, once for each reading (a listing's

@@ -122,6 +122,10 @@ class Seam:
     def in_state(self, view: ClusterView | None, state: str) -> list[str]:
         return self._reader.in_state(view, state)
 
+    async def unwell(self) -> ClusterView | None:
+        """A reading enough to tell which jobs fail or run (`in_state`)."""
+        return await self._reader.unwell()
+
     async def runs(self, name: str, limit: int) -> list[RunRecord]:
         return await self._reader.runs(name, limit)
 

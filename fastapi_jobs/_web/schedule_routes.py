@@ -184,7 +184,8 @@ def add_schedule_list(router: APIRouter, seam: Seam) -> None:
             kept = [s for s in kept if not s.known]
         elif ask.state is not None:
             # A state of the schedules this instance runs: their jobs' (the page's words).
-            named = set(seam.in_state(await seam.cluster(), ask.state))
+            view = await (seam.cluster(()) if ask.state == "paused" else seam.unwell())
+            named = set(seam.in_state(view, ask.state))
             kept = [s for s in kept if s.known and s.name in named]
         shown, after = ask.page(kept, _name)
         response.headers.update(headers(request, len(kept), after))

@@ -159,7 +159,7 @@ async def _jobs(seam: Seam, ask: Ask) -> tuple[ClusterView | None, int, list[str
     """Of the jobs, those the filters keep: the cluster's view of them, how many
     they are, the names of the page asked, and the next page's cursor. A status
     is built for the page's jobs only, and the store's claims are read for them
-    only, unless failing or running is asked (which a job's claim says)."""
+    only; for failing or running, the claims that can say so."""
     if ask.state in (None, "paused"):
         # A pause is in every reading, and comes first of the states: the claims
         # of the page's jobs are all that is read.
@@ -170,7 +170,8 @@ async def _jobs(seam: Seam, ask: Ask) -> tuple[ClusterView | None, int, list[str
         shown, after = ask.page(names, str)
         view = await seam.cluster(shown)
     else:
-        view = await seam.cluster()
+        # The claims that can make a job failing or running: its page's are among them.
+        view = await seam.unwell()
         names = matching(seam.in_state(view, ask.state), ask)
         shown, after = ask.page(names, str)
     return view, len(names), shown, after

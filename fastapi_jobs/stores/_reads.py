@@ -50,14 +50,20 @@ async def cluster(
     heartbeat: float,
     history: int,
     jobs: Collection[str] | None = None,
+    unwell: bool = False,
 ) -> ClusterView:
     """What the store knows now, on the database's clock: the claims of ``jobs``
-    (None: of every job; past _MAX_LISTED names, of every job too)."""
+    (None: of every job; past _MAX_LISTED names, of every job too), and with
+    ``unwell`` those whose last run failed or timed out or whose lease is live."""
     c, i = tables.claims, tables.instances
     now = (await conn.execute(sa.select(db_now()))).scalar_one()
     claims = sa.select(c)
     if jobs is not None and len(jobs) <= _MAX_LISTED:
-        claims = claims.where(c.c.job.in_(list(jobs)))
+        wanted: sa.ColumnElement[bool] = c.c.job.in_(list(jobs))
+        if unwell:
+            failed = c.c.outcome.in_(("failed", "timed_out"))
+            wanted = sa.or_(wanted, failed, c.c.lease_until > now)
+        claims = claims.where(wanted)
     rows = (await conn.execute(claims)).mappings().all()
     # Instances count as live for three missed heartbeats.
     live = await conn.execute(

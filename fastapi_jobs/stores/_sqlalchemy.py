@@ -194,14 +194,16 @@ class SQLAlchemyStore(StoreClaims):
         )
         return await self._operations.run(read)
 
-    async def read_jobs(self, jobs: Collection[str]) -> ClusterView:
-        """`read`, with the claims of ``jobs`` only: a page of a listing."""
+    async def read_jobs(self, jobs: Collection[str], unwell: bool = False) -> ClusterView:
+        """`read`, with the claims of ``jobs`` only (a page of a listing); with
+        ``unwell``, also those whose last run failed or whose lease is live."""
         read = partial(
             _reads.cluster,
             tables=self.tables,
             heartbeat=self.heartbeat,
             history=self.history,
             jobs=jobs,
+            unwell=unwell,
         )
         return await self._operations.run(read)
 

@@ -297,6 +297,20 @@ async def test_a_read_of_some_jobs_has_their_claims_and_every_pause(database_url
     assert set(many.jobs) == {"a", "b", "c"}  # more than asked: allowed
 
 
+async def test_an_unwell_read_has_the_claims_that_can_fail_or_run(database_url: str) -> None:
+    """``read_jobs(jobs, unwell=True)``: the jobs named, those whose last run
+    failed or timed out, and those whose lease is live; not the others."""
+    async with opened(database_url) as (store, _):
+        for job in ("ok", "named", "failed", "timed_out", "held"):
+            fence = await claim1(store, job, 1000.0)
+            if job != "held":  # released: its lease is over
+                outcome = job if job in ("failed", "timed_out") else "ok"
+                await store.release([Ended(job, fence, outcome, None, 0.1)])  # type: ignore[arg-type]
+        unwell = await store.read_jobs(["named"], True)
+    assert set(unwell.jobs) == {"named", "failed", "timed_out", "held"}
+    assert unwell.jobs["held"].running_on is not None
+
+
 async def test_a_claimed_jobs_runs_page_by_their_fences(tmp_path: Path) -> None:
     """With a store, a run's place is its claim's fence: pages of 10 of 30 runs
     go 30 to 21, 20 to 11, 10 to 1."""
