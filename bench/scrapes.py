@@ -26,6 +26,12 @@ time (bench/requests.py), while a scraper in the same client scrapes /metrics
 every few seconds with Prometheus's headers.
 
 ``python -m bench.scrapes [quick] [--before COMMIT]`` prints the Markdown section.
+
+``python -m bench.scrapes many [--jobs 100000] [--rounds 2] [--before 1fd2da2]``:
+the same two measures at 100,000 jobs at 1 h (none runs in the window; stored
+schedules are runners like these), for ``unscraped``, ``before`` (the code at
+``--before``, ``router()``: every job's series) and ``router`` (this tree's
+default ``per_job_limit``: the counts summed past it), rounds interleaved.
 """
 
 from __future__ import annotations
@@ -69,15 +75,21 @@ def make_app() -> Any:
 
     jobs = int(os.environ["BENCH_JOBS"])
     variant = os.environ["BENCH_VARIANT"]
-    hourly = os.environ.get("BENCH_HOURLY") == "1"
+    # 1: at 1 h, each run once at startup; "quiet": at 1 h, none runs; else at 1 s.
+    hourly = os.environ.get("BENCH_HOURLY")
     scheduler = Scheduler()
+    schedule = Every(hours=1) if hourly else Every(seconds=1)
     for i in range(jobs):
 
         async def job() -> None:
             pass
 
-        schedule = Every(hours=1) if hourly else Every(seconds=1)
-        scheduler.add_job(job, schedule, name=f"job{i}", run_on_startup=hourly)
+        scheduler.add_job(job, schedule, name=f"job{i}", run_on_startup=hourly == "1")
+    # Only when asked: the code at --before has no per_job_limit.
+    limit = os.environ.get("BENCH_PER_JOB_LIMIT")
+    options: dict[str, Any] = {}
+    if limit is not None:
+        options["per_job_limit"] = None if limit == "none" else int(limit)
     registry = CollectorRegistry()
     if variant == MULTIPROCESS:
         from prometheus_client import multiprocess
@@ -90,7 +102,9 @@ def make_app() -> Any:
         app.mount("/metrics", make_asgi_app(registry))
     else:
         by_job = variant == "router_by_job"
-        metrics = instrument(scheduler, registry, max_age=max_age, histograms_by_job=by_job)
+        metrics = instrument(
+            scheduler, registry, max_age=max_age, histograms_by_job=by_job, **options
+        )
         app.include_router(metrics.router())
 
     @app.get("/ping")
@@ -168,7 +182,8 @@ async def _cost(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
     import logging
 
     logging.disable(logging.INFO)  # the start's line per job
-    os.environ.update(BENCH_JOBS=str(jobs), BENCH_VARIANT=variant, BENCH_HOURLY="1")
+    os.environ.update(BENCH_JOBS=str(jobs), BENCH_VARIANT=variant)
+    os.environ.setdefault("BENCH_HOURLY", "1")
     os.environ["BENCH_MAX_AGE"] = "0.1"  # every scrape here renders (none is served cached)
     if variant == MULTIPROCESS:  # before prometheus_client is imported: it reads it then
         files = tempfile.mkdtemp(prefix="bench_prometheus_")
@@ -189,7 +204,8 @@ async def _measure(jobs: int, variant: str, scrapes: int) -> dict[str, Any]:
     path = _path(variant)
     async with LifespanManager(app, startup_timeout=None, shutdown_timeout=None) as manager:
         app = manager.app
-        await asyncio.sleep(1.0 + jobs / 2000)  # the startup runs end
+        quiet = os.environ["BENCH_HOURLY"] == "quiet"
+        await asyncio.sleep(2.0 if quiet else 1.0 + jobs / 2000)  # the startup runs end
         cpu, stalls, walls = [], [], []
         body = b""
         for _ in range(scrapes):
@@ -225,6 +241,7 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
 
     latencies: list[float] = []
     scrape_ms: list[float] = []
+    failed: list[str] = []  # requests that failed or timed out (60 s)
     async with (
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as scraper,
@@ -235,8 +252,11 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
             assert (await scraper.get(path, headers=PROMETHEUS_HEADERS)).status_code == 200
 
         async def one(intended: float) -> None:
-            response = await http.get("/ping")
-            response.raise_for_status()
+            try:
+                response = await http.get("/ping")
+                response.raise_for_status()
+            except httpx.HTTPError:
+                failed.append("ping")  # counted when it failed (a timeout: 60 s)
             latencies.append((time.perf_counter() - intended) * 1000)
 
         async def scrapes(until: float) -> None:
@@ -245,8 +265,11 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
             await asyncio.sleep(every / 2 + 0.37)
             while time.perf_counter() < until:
                 t0 = time.perf_counter()
-                answer = await scraper.get(path, headers=PROMETHEUS_HEADERS)
-                answer.raise_for_status()
+                try:
+                    answer = await scraper.get(path, headers=PROMETHEUS_HEADERS)
+                    answer.raise_for_status()
+                except httpx.HTTPError:
+                    failed.append("scrape")
                 scrape_ms.append((time.perf_counter() - t0) * 1000)
                 await asyncio.sleep(max(0.0, every - (time.perf_counter() - t0)))
 
@@ -258,7 +281,7 @@ async def client(port: int, rate: float, seconds: float, every: float, path: str
                 intended = start + k / rate
                 await asyncio.sleep(max(0.0, intended - time.perf_counter()))
                 tg.create_task(one(intended))
-    return {"latencies": latencies, "scrape_ms": scrape_ms}
+    return {"latencies": latencies, "scrape_ms": scrape_ms, "timed_out": failed}
 
 
 def _tree(before: str) -> Path:
@@ -273,26 +296,37 @@ def _tree(before: str) -> Path:
 
 
 def serve_and_scrape(
-    jobs: int, variant: str, rate: float, seconds: float, every: float, cwd: Path
+    jobs: int,
+    variant: str,
+    rate: float,
+    seconds: float,
+    every: float,
+    cwd: Path,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.support.ports import free_port
 
     port = free_port()
-    env = {**os.environ, "BENCH_JOBS": str(jobs), "BENCH_VARIANT": variant}
+    env = {**os.environ, **(env or {}), "BENCH_JOBS": str(jobs), "BENCH_VARIANT": variant}
     server = subprocess.Popen(
         [*SERVER, "--port", str(port), "--log-level", "warning"], cwd=cwd, env=env
     )
     try:
-        time.sleep(3 + jobs / 2000)  # started, and the jobs through their first bursts
+        if env.get("BENCH_HOURLY") == "quiet":
+            _wait_for(port)  # started; no job runs in the window
+            time.sleep(3)
+        else:
+            time.sleep(3 + jobs / 2000)  # started, and the jobs through their first bursts
         out = subprocess.run(
             [*CLIENT, str(port), str(rate), str(seconds), str(every), _path(variant)],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=seconds + 120,
-            check=True,
         )
+        if out.returncode != 0:
+            raise RuntimeError(f"the client failed ({variant}):\n{out.stderr[-3000:]}")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -300,15 +334,32 @@ def serve_and_scrape(
     return result
 
 
+def _wait_for(port: int, within: float = 300.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server on port {port} did not start within {within:.0f} s")
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def _cost_in_process(jobs: int, variant: str, cwd: Path) -> dict[str, Any]:
+def _cost_in_process(
+    jobs: int, variant: str, cwd: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.scrapes", "cost", str(jobs), variant],
         cwd=cwd,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
@@ -392,10 +443,98 @@ def report(quick: bool = False, before: str = "e1bb881") -> list[str]:
     return lines
 
 
+MANY = ("unscraped", "before", "router")
+
+
+def many(jobs: int = 100_000, rounds: int = 2, before: str = "1fd2da2") -> list[str]:
+    """``jobs`` jobs at 1 h: a scrape's cost in process, and GET /ping while
+    scraped, for ``MANY``'s variants; rounds interleaved, medians."""
+    rate, seconds, every = 200.0, 30.0, 5.0
+    quiet = {"BENCH_HOURLY": "quiet"}
+    loads = [os.getloadavg()[0]]
+    old = _tree(before)
+    costs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for _ in range(rounds):
+            for variant in MANY:
+                cwd = old if variant == "before" else ROOT
+                served = "router"  # "before": the router of the code at --before
+                if variant != "unscraped":
+                    costs.setdefault(variant, []).append(_cost_in_process(jobs, served, cwd, quiet))
+                runs.setdefault(variant, []).append(
+                    serve_and_scrape(
+                        jobs,
+                        served,
+                        rate,
+                        seconds,
+                        0.0 if variant == "unscraped" else every,
+                        cwd,
+                        quiet,
+                    )
+                )
+                print(variant, json.dumps(costs.get(variant, [{}])[-1]), file=sys.stderr)
+            loads.append(os.getloadavg()[0])
+    finally:
+        shutil.rmtree(old)
+    lines = [
+        f"{jobs:,} jobs at 1 h (none runs meanwhile), {rounds} rounds, medians; load average "
+        f"at the start and after each round: {', '.join(f'{x:.1f}' for x in loads)}, on "
+        f"{os.cpu_count()} cores. A scrape as Prometheus asks (OpenMetrics, gzip); GET /ping at "
+        f"{rate:.0f}/s for {seconds:.0f} s, scraped every {every:.0f} s.",
+        "",
+        "| served by | series | bytes (gzip) | scrape CPU ms | longest loop stall ms "
+        "| GET p50 ms | GET p99 ms | p99, each round | scrape ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    names = {
+        "unscraped": "nothing (not scraped)",
+        "before": f"`router()` at {before}: every job's series",
+        "router": "`router()`, default `per_job_limit`: summed",
+    }
+    for variant in MANY:
+        r = runs[variant]
+        p50 = statistics.median(statistics.median(x["latencies"]) for x in r)
+        p99 = statistics.median(_p99(x["latencies"]) for x in r)
+        each = ", ".join(f"{_p99(x['latencies']):.1f}" for x in r)
+        scraped = [statistics.median(x["scrape_ms"]) for x in r if x["scrape_ms"]]
+        scrape = f"{statistics.median(scraped):,.0f}" if scraped else ""
+        cost = ""
+        if variant in costs:
+            c = costs[variant]
+            med = {k: statistics.median(x[k] for x in c) for k in c[0] if k != "variant"}
+            cost = (
+                f"{med['series_per_job'] * jobs:,.0f} | {med['bytes']:,.0f} "
+                f"({med['gzip_bytes']:,.0f}) | {med['cpu_us_per_job'] * jobs / 1000:,.0f} "
+                f"| {med['stall_ms']:.1f}"
+            )
+        else:
+            cost = " | | |"
+        lost = sum(len(x.get("timed_out", ())) for x in r)
+        if lost:
+            scrape += f" ({lost} requests failed or timed out at 60 s)"
+        lines.append(f"| {names[variant]} | {cost} | {p50:.2f} | {p99:.2f} | {each} | {scrape} |")
+    return lines
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["client"]:
         port, rate, seconds, every = (int(sys.argv[2]), *map(float, sys.argv[3:6]))
         print(json.dumps(asyncio.run(client(port, rate, seconds, every, sys.argv[6]))))
+    elif sys.argv[1:2] == ["many"]:
+
+        def option(flag: str, default: str) -> str:
+            return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else default
+
+        print(
+            "\n".join(
+                many(
+                    int(option("--jobs", "100000")),
+                    int(option("--rounds", "2")),
+                    option("--before", "1fd2da2"),
+                )
+            )
+        )
     elif sys.argv[1:2] == ["cost"]:
         print(json.dumps(asyncio.run(_cost(int(sys.argv[2]), sys.argv[3], 5))))
     else:

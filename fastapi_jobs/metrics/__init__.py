@@ -76,22 +76,28 @@ from .._errors import ConfigurationError, short
 from .._scheduler import Scheduler, seam_of
 from .._status import ClusterView
 from ._recorders import DURATION_BUCKETS, LATENESS_BUCKETS, Counting, Recorder
-from ._rows import JobRows, Row, Snapshot
+from ._rows import JobRows, Row, Snapshot, Totals
 from ._scrape import Exposition, forget_dead_processes
 from ._sinks import Family, MetricSink, TextSink, header
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-__all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "Metrics", "instrument"]
+__all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "PER_JOB_LIMIT", "Metrics", "instrument"]
+
+PER_JOB_LIMIT = 1000
+"""The most jobs whose figures a scrape writes one by one (``instrument``'s
+default ``per_job_limit``): about 12,000 series. Past it, this process's counts
+are summed over the jobs, and the per-job gauges are left out."""
 
 # The cluster's figures are read every max_age seconds while a scrape came
 # within this long; after it, every store.heartbeat seconds.
 LINGER = 300.0
 # A scrape written by router() lets the event loop run after this long (s) of
-# writing, and looks at the time every this many jobs.
+# writing, and looks at the time every this many jobs (SUM_STRIDE when summing).
 TURN = 0.001
 STRIDE = 10
+SUM_STRIDE = 200
 
 _log = logging.getLogger("fastapi_jobs.metrics")
 
@@ -102,6 +108,7 @@ def instrument(
     *,
     max_age: float = 2.0,
     histograms_by_job: bool = False,
+    per_job_limit: int | None = PER_JOB_LIMIT,
 ) -> Metrics:
     """Register the scheduler's metrics in ``registry`` (prometheus_client's
     default one if None) and return their `Metrics`. Call once per
@@ -114,6 +121,10 @@ def instrument(
     lateness as histograms per job (``DURATION_BUCKETS``, ``LATENESS_BUCKETS``:
     44 series a job instead of 12); by default a summary of each job's run
     durations (their sum and count) and one lateness histogram for the process.
+    ``per_job_limit``: past this many jobs (declared and stored), a scrape sums
+    this process's counts over the jobs and leaves out the per-job gauges
+    (``fastapi_jobs_per_job_series`` is 0); ``None``: every job's series, however
+    many.
     """
     if not isinstance(scheduler, Scheduler):
         raise ConfigurationError(f"instrument({short(scheduler)}): give it the Scheduler")
@@ -127,13 +138,24 @@ def instrument(
         raise ConfigurationError(
             f"instrument(histograms_by_job={short(histograms_by_job)}): True or False"
         )
+    if per_job_limit is not None and (
+        not isinstance(per_job_limit, int) or isinstance(per_job_limit, bool) or per_job_limit < 0
+    ):
+        raise ConfigurationError(
+            f"instrument(per_job_limit={short(per_job_limit)}): a whole number of jobs, "
+            "0 or more, or None for every job's series"
+        )
     if seam_of(scheduler).running:
         raise ConfigurationError(
             "instrument() a scheduler before it starts (at import, beside the app): "
             "the store's readings are a task of its lifespan"
         )
     return Metrics(
-        scheduler, REGISTRY if registry is None else registry, float(max_age), histograms_by_job
+        scheduler,
+        REGISTRY if registry is None else registry,
+        float(max_age),
+        histograms_by_job,
+        per_job_limit,
     )
 
 
@@ -148,12 +170,15 @@ class Metrics:
         registry: CollectorRegistry,
         max_age: float,
         histograms_by_job: bool = False,
+        per_job_limit: int | None = PER_JOB_LIMIT,
     ) -> None:
         self.scheduler = scheduler
         seam = self._seam = seam_of(scheduler)
         self.registry = registry
         self.max_age = max_age
         self.histograms_by_job = histograms_by_job
+        self.per_job_limit = per_job_limit
+        self._summing = False  # whether the last scrape summed over the jobs
         self.multiprocess = values.ValueClass is not values.MutexValue
         self._view: ClusterView | None = None
         self._store_up: bool | None = None  # None: not read yet
@@ -301,11 +326,21 @@ class Metrics:
         other work every ``TURN`` seconds of writing."""
         self._scraped()
         table = self._rows
-        sink = TextSink(table.families, headers)
-        snapshot = table.snapshot(self._view, self._store_up)
-        table.emit_process(snapshot, sink)
         runners = self._seam.runners()
+        summed = self._summed(len(runners))
+        sink = TextSink(table.summed_families if summed else table.families, headers)
+        snapshot = table.snapshot(self._view, self._store_up, len(runners), summed)
+        table.emit_process(snapshot, sink)
         turn = time.perf_counter() + TURN
+        if summed:
+            totals = Totals()
+            for start in range(0, len(runners), SUM_STRIDE):
+                table.add_up(runners[start : start + SUM_STRIDE], totals)
+                if time.perf_counter() >= turn:
+                    await anyio.lowlevel.checkpoint()
+                    turn = time.perf_counter() + TURN
+            table.emit_totals(totals, sink)
+            return sink.chunks()
         for start in range(0, len(runners), STRIDE):
             table.emit_jobs(table.rows(runners[start : start + STRIDE]), snapshot.view, sink)
             if time.perf_counter() >= turn:
@@ -346,14 +381,49 @@ class Metrics:
                 return self._metrics(*copied)
         return self._metrics(*self._copy())
 
-    def _copy(self) -> tuple[Snapshot, list[Row]]:
+    def _summed(self, jobs: int) -> bool:
+        """Whether a scrape with ``jobs`` jobs sums their counts; says so in the
+        log when that changes."""
+        limit = self.per_job_limit
+        summed = limit is not None and jobs > limit
+        if summed != self._summing:
+            self._summing = summed
+            if summed:
+                _log.warning(
+                    "metrics: %d jobs, more than per_job_limit=%d: the counts are summed "
+                    "over the jobs and the per-job gauges left out "
+                    "(fastapi_jobs_per_job_series 0); instrument(per_job_limit=None) writes "
+                    "every job's series",
+                    jobs,
+                    limit,
+                )
+            else:
+                _log.info(
+                    "metrics: %d jobs, per_job_limit=%s: the series are per job again",
+                    jobs,
+                    limit,
+                )
+        return summed
+
+    def _copy(self) -> tuple[Snapshot, list[Row] | Totals]:
         self._scraped()
         table = self._rows
-        snapshot = table.snapshot(self._view, self._store_up)
-        return snapshot, table.rows(self._seam.runners())
+        runners = self._seam.runners()
+        summed = self._summed(len(runners))
+        snapshot = table.snapshot(self._view, self._store_up, len(runners), summed)
+        if summed:
+            totals = Totals()
+            table.add_up(runners, totals)
+            return snapshot, totals
+        return snapshot, table.rows(runners)
 
-    def _metrics(self, snapshot: Snapshot, rows: list[Row]) -> Iterator[Metric]:
+    def _metrics(self, snapshot: Snapshot, rows: list[Row] | Totals) -> Iterator[Metric]:
         table = self._rows
+        if isinstance(rows, Totals):
+            sink = MetricSink(table.summed_families)
+            table.emit_process(snapshot, sink)
+            table.emit_totals(rows, sink)
+            return iter(sink.metrics.values())
         sink = MetricSink(table.families)
         table.emit_process(snapshot, sink)
         table.emit_jobs(rows, snapshot.view, sink)

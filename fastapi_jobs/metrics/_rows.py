@@ -19,10 +19,12 @@ from ._sinks import (
     HAND_OFF,
     INSTANCES,
     INTERVAL,
+    JOBS,
     LAST_RUN,
     NEXT_RUN,
     OUTCOME,
     PAUSED,
+    PER_JOB,
     READ,
     RETRIES,
     RUNNING,
@@ -31,12 +33,13 @@ from ._sinks import (
     SKIPPED,
     STORE_UP,
     SUCCESS,
+    SUMMED,
     Family,
     MetricSink,
     TextSink,
 )
 
-__all__ = ["JobRows", "Row", "Snapshot"]
+__all__ = ["JobRows", "Row", "Snapshot", "Totals"]
 
 OUTCOMES = ("ok", "failed", "timed_out", "cancelled")
 Sink = MetricSink | TextSink
@@ -71,6 +74,22 @@ class Snapshot(NamedTuple):
     lateness: array[float] | None  # of the process (not by job)
     view: ClusterView | None
     store_up: bool | None
+    jobs: int
+    summed: bool  # past per_job_limit: the counts summed over the jobs
+
+
+class Totals:
+    """This process's counts summed over its jobs (past per_job_limit)."""
+
+    __slots__ = ("durations", "lateness", "outcomes", "retries", "running", "skipped")
+
+    def __init__(self) -> None:
+        self.outcomes = [0, 0, 0, 0]  # in the order of OUTCOMES
+        self.skipped: dict[str, int] = {}
+        self.retries = 0
+        self.running = 0
+        self.durations: array[float] | None = None
+        self.lateness: array[float] | None = None  # histograms by job only
 
 
 class JobRows:
@@ -95,17 +114,37 @@ class JobRows:
         cluster = [STORE_UP, READ, LAST_RUN, OUTCOME, CLUSTER_RUNNING, INSTANCES]
         self.families = [
             *(counted if recorder is not None else ()),
-            *(SCHEDULER_RUNNING, NEXT_RUN, INTERVAL, SUCCESS, PAUSED, HAND_OFF),
+            *(SCHEDULER_RUNNING, JOBS, PER_JOB, NEXT_RUN, INTERVAL, SUCCESS, PAUSED, HAND_OFF),
             *(cluster if seam.store is not None else ()),
         ]
+        # Past per_job_limit: the same names, summed over the jobs (no job_name),
+        # and no per-job gauges (a next tick, a last success are one job's).
+        self.summed_durations = Family(self.durations.name, self.durations.kind, DURATIONS[1])
+        self.summed_lateness = (
+            Family(LATENESS[0], "histogram", LATENESS[1]) if histograms_by_job else self.lateness
+        )
+        summed = [
+            *(SUMMED[family] for family in (RUNS, SKIPPED, RETRIES, RUNNING)),
+            self.summed_durations,
+            self.summed_lateness,
+        ]
+        self.summed_families = [
+            *(summed if recorder is not None else ()),
+            SCHEDULER_RUNNING,
+            JOBS,
+            PER_JOB,
+            *((STORE_UP, READ, INSTANCES) if seam.store is not None else ()),
+        ]
 
-    def snapshot(self, view: ClusterView | None, store_up: bool | None) -> Snapshot:
+    def snapshot(
+        self, view: ClusterView | None, store_up: bool | None, jobs: int, summed: bool
+    ) -> Snapshot:
         recorder = self._recorder
         lateness = None
         if recorder is not None and not recorder.lateness.by_job:
             lateness = recorder.lateness.copy("")
         running = self.seam.running
-        return Snapshot(running, lateness, view, store_up)
+        return Snapshot(running, lateness, view, store_up, jobs, summed)
 
     def rows(self, runners: list[JobRunner]) -> list[Row]:
         now = self.seam.now()
@@ -145,6 +184,8 @@ class JobRows:
         if self._recorder is not None and not self.histograms_by_job:
             self._series(sink, self.lateness, (), snapshot.lateness, self._recorder.lateness)
         sink.add(SCHEDULER_RUNNING, "", (), float(snapshot.scheduler_running))
+        sink.add(JOBS, "", (), snapshot.jobs)
+        sink.add(PER_JOB, "", (), float(not snapshot.summed))
         if self.seam.store is None:
             return
         sink.add(STORE_UP, "", (), float(bool(snapshot.store_up)))
@@ -181,6 +222,49 @@ class JobRows:
             sink.add(PAUSED, "", job, float(row.paused))
             if row.hand_off is not None:
                 sink.add(HAND_OFF, "", (row.name, row.hand_off), 1.0)
+
+    def add_up(self, runners: list[JobRunner], totals: Totals) -> None:
+        """Add the counts of ``runners`` to ``totals`` (on the event loop)."""
+        recorder = self._recorder
+        if recorder is None:
+            return  # multiprocess mode: the counts are prometheus_client's own
+        durations = recorder.durations.cells
+        lateness = recorder.lateness.cells if recorder.lateness.by_job else None
+        outcomes = totals.outcomes
+        skipped = totals.skipped
+        for runner in runners:
+            stats = runner.stats
+            outcomes[0] += stats.ok
+            outcomes[1] += stats.failures - stats.timeouts
+            outcomes[2] += stats.timeouts
+            outcomes[3] += stats.cancelled
+            if stats.skipped:
+                for reason, count in stats.skipped.items():
+                    skipped[reason] = skipped.get(reason, 0) + count
+            totals.retries += stats.retries
+            totals.running += runner.busy
+            name = runner.job.name
+            cells = durations.get(name)
+            if cells is not None:
+                totals.durations = _added(totals.durations, cells)
+            if lateness is not None:
+                cells = lateness.get(name)
+                if cells is not None:
+                    totals.lateness = _added(totals.lateness, cells)
+
+    def emit_totals(self, totals: Totals, sink: Sink) -> None:
+        recorder = self._recorder
+        if recorder is None:
+            return
+        for outcome, count in zip(OUTCOMES, totals.outcomes, strict=True):
+            sink.add(SUMMED[RUNS], "_total", (outcome,), count)
+        for reason, count in totals.skipped.items():
+            sink.add(SUMMED[SKIPPED], "_total", (reason,), count)
+        sink.add(SUMMED[RETRIES], "_total", (), totals.retries)
+        sink.add(SUMMED[RUNNING], "", (), totals.running)
+        self._series(sink, self.summed_durations, (), totals.durations, recorder.durations)
+        if self.histograms_by_job:
+            self._series(sink, self.summed_lateness, (), totals.lateness, recorder.lateness)
 
     def _process_counters(self, runners: list[Row], sink: Sink) -> None:
         for stats in runners:  # each job's JobStats, as copied on the loop
@@ -240,3 +324,11 @@ class JobRows:
                 return None
             known = self._intervals[runner.job.name] = (tick, after - tick)
         return known[1]
+
+
+def _added(total: array[float] | None, cells: array[float]) -> array[float]:
+    if total is None:
+        return cells[:]
+    for k, cell in enumerate(cells):
+        total[k] += cell
+    return total

@@ -27,10 +27,12 @@ __all__ = [
     "HAND_OFF",
     "INSTANCES",
     "INTERVAL",
+    "JOBS",
     "LAST_RUN",
     "NEXT_RUN",
     "OUTCOME",
     "PAUSED",
+    "PER_JOB",
     "READ",
     "RETRIES",
     "RUNNING",
@@ -39,6 +41,7 @@ __all__ = [
     "SKIPPED",
     "STORE_UP",
     "SUCCESS",
+    "SUMMED",
     "Family",
     "MetricSink",
     "TextSink",
@@ -143,6 +146,30 @@ CLUSTER_RUNNING = _family(
     "cluster_running", "gauge", "1 while an instance holds a live lease on the job.", "job_name"
 )
 INSTANCES = _family("instances", "gauge", "Instances whose heartbeat the store has seen lately.")
+JOBS = _family("jobs", "gauge", "The jobs of this process's scheduler, declared and stored.")
+PER_JOB = _family(
+    "per_job_series",
+    "gauge",
+    "1 if the figures are written per job; 0 if summed over the jobs (more jobs than "
+    "instrument(per_job_limit=)).",
+)
+# Past per_job_limit: this process's counts summed over the jobs (no job_name).
+SUMMED = {
+    RUNS: _family(
+        "runs",
+        "counter",
+        "Runs (each attempt) that ended in this process, by outcome, all jobs together.",
+        "outcome",
+    ),
+    SKIPPED: _family(
+        "skipped_ticks",
+        "counter",
+        "Ticks that did not run in this process, by reason, all jobs together.",
+        "reason",
+    ),
+    RETRIES: _family("retries", "counter", "Retries started in this process, all jobs together."),
+    RUNNING: _family("running", "gauge", "Runs going in this process, all jobs together."),
+}
 
 
 class MetricSink:

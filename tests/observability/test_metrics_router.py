@@ -173,7 +173,7 @@ async def test_the_figures_are_written_with_turns_of_the_event_loop_in_between(
     STRIDE jobs here, with TURN 0): a scrape does not hold the app's requests."""
     monkeypatch.setattr(metrics_module, "TURN", 0.0)
     scheduler = Scheduler()
-    metrics = instrument(scheduler, CollectorRegistry())
+    metrics = instrument(scheduler, CollectorRegistry(), per_job_limit=None)
     jobs = 2000
     for k in range(jobs):
 
