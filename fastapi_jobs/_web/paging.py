@@ -168,7 +168,8 @@ def _limit(text: str | None, default: int) -> int | None:
         return default
     if text == "all":
         return None
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
+    # Its length first: int() of 5,000 digits raises (Python's bound on digits).
+    if not (len(text) <= 4 and text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
         _refuse(_LIMIT)
     return int(text)
 
@@ -182,7 +183,8 @@ def _key(kind: Kind, text: str | None) -> str | None:
     except (ValueError, UnicodeError, binascii.Error):
         _refuse(_CURSOR)
     said, sep, key = raw.partition(":")
-    if said != kind or not sep or (kind == "runs" and not key.isdigit()):
+    whole = len(key) <= 20 and key.isascii() and key.isdigit()  # "²" is a digit to isdigit()
+    if said != kind or not sep or (kind == "runs" and not whole):
         _refuse(_CURSOR)
     return key
 

@@ -5,6 +5,7 @@ their counts, whole listings, and bad values refused without being echoed."""
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
@@ -193,6 +194,9 @@ async def test_the_page_pages_searches_and_filters_by_state(
     assert "Schedules this instance cannot run (10)" in alone
 
 
+RUNS_OF_MANY_DIGITS = base64.urlsafe_b64encode(("runs:" + "9" * 5_000).encode()).decode()
+
+
 @pytest.mark.parametrize(
     ("url", "params", "said"),
     [
@@ -207,6 +211,11 @@ async def test_the_page_pages_searches_and_filters_by_state(
         ("/jobs/broken/runs", {"limit": "<b>all-of-them</b>"}, "limit:"),
         ("/jobs/broken/runs", {"cursor": "<b>"}, "cursor:"),
         ("/jobs/ui", {"cursor": "<b>x</b>"}, "cursor:"),
+        # int() of 5,000 digits raises, and "²" is a digit to str.isdigit(): not 500s.
+        ("/jobs", {"limit": "<b>" + "9" * 5_000}, "limit:"),
+        ("/jobs", {"limit": "9" * 5_000}, "limit:"),
+        ("/jobs/broken/runs", {"cursor": RUNS_OF_MANY_DIGITS}, "cursor:"),
+        ("/jobs/broken/runs", {"cursor": "cnVuczrCsg"}, "cursor:"),
     ],
 )
 async def test_a_bad_value_is_a_422_that_says_what_to_write_and_echoes_nothing(
