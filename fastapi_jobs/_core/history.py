@@ -37,12 +37,12 @@ def run_id(instance: str, n: int, fence: int | None) -> str:
 class History:
     """The last ``keep`` runs of one job."""
 
-    __slots__ = ("_figures", "_keep", "_room", "_unusual", "count")
+    # Kept small: one per job that ran (its room is len(_figures) // 3).
+    __slots__ = ("_figures", "_keep", "_unusual", "count")
 
     def __init__(self, keep: int) -> None:
         self._keep = keep
-        self._room = min(_FIRST, keep)
-        self._figures = array("d", bytes(24 * self._room))
+        self._figures = array("d", bytes(24 * min(_FIRST, keep)))
         self._unusual: dict[int, _Rest] | None = None  # by slot; made when first needed
         self.count = 0
         """Runs recorded so far: the number of the next one."""
@@ -52,12 +52,11 @@ class History:
         outcome, error, duration, started, attempts = ran
         n = self.count
         self.count = n + 1
-        if n == self._room < self._keep:  # full before the ring is: more room
-            grown = min(2 * self._room, self._keep)
-            self._figures.frombytes(bytes(24 * (grown - self._room)))
-            self._room = grown
+        figures = self._figures
+        if n < self._keep and 3 * n == len(figures):  # full before the ring is: more room
+            figures.frombytes(bytes(24 * (min(2 * n, self._keep) - n)))
         slot = n % self._keep
-        figures, at = self._figures, 3 * slot
+        at = 3 * slot
         figures[at], figures[at + 1], figures[at + 2] = tick, started, duration
         unusual = self._unusual
         if outcome == "ok" and attempts == 1 and not manual and error is None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -37,7 +38,7 @@ from .._redaction import error_text
 from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
 from .._schedules import Every
 from .._status import JobStats
-from .._store import Ended
+from .._store import Ended, Store
 from .attempt import run_once
 from .concurrency import is_cancellation
 from .history import History
@@ -79,6 +80,10 @@ class Dispatching(Protocol):
 
 class Spawning(Protocol):
     """What a runner needs of the owner of the jobs' tasks (``_core.tasks.JobTasks``)."""
+
+    state: Mapping[str, Any]
+    """What the runs are given: the app's lifespan state."""
+    dispatcher: Dispatching
 
     def spawn(self, runner: JobRunner) -> None: ...
 
@@ -125,7 +130,6 @@ class JobRunner:
         "retired",
         "stats",
         "stopping",
-        "store",
         "thread_done",
         "woken",
     )
@@ -143,8 +147,6 @@ class JobRunner:
         self.stats = JobStats()
         self.leases = None if job.every_instance else leases
         """Keeps the leases of claimed runs; None: every instance runs every tick."""
-        self.store = None if self.leases is None else self.leases.store
-        """Where ticks are claimed (the keeper's store), or None."""
         self.clock = clock  # the clock the job ticks on (the database's time, with a store)
         self.parent_logger = logger
         self._logger: logging.Logger | None = None
@@ -160,7 +162,9 @@ class JobRunner:
         # Interval jobs step on their grid by integer microseconds; others (and
         # subclasses, which may move their ticks) ask the schedule.
         self.period_us = schedule.period_us if type(schedule) in _GRIDS else 0  # type: ignore[attr-defined]
-        self.grid_us = 0
+        # A float holding whole µs (exact below 2**53 µs, the year 2255): a new
+        # int each tick would be one of 48 bytes a job, a float is one of 32.
+        self.grid_us = 0.0
         self.retired = False
         """Replaced by a runner of the job's changed schedule (made at run time),
         which took over its stats: it ends after its run in flight."""
@@ -190,6 +194,13 @@ class JobRunner:
         self._retry_wait: anyio.CancelScope | None = None  # a retry's wait, which stop() ends
         self._catch_up: float | None = None  # the missed tick announced at start
         self.lease: Lease | None = None  # the claimed run's, while it goes
+
+    @property
+    def store(self) -> Store | None:
+        """Where ticks are claimed (the keeper's store), or None. Read through
+        the keeper: a slot less in every runner."""
+        leases = self.leases
+        return None if leases is None else leases.store
 
     @property
     def logger(self) -> logging.Logger:
@@ -285,7 +296,7 @@ class JobRunner:
     def place(self, tick: float) -> None:
         """The job is due at ``tick``: `advance` steps on from there."""
         if self.period_us:
-            self.grid_us = round(self.job.schedule.next_after(tick) * _US) - self.period_us
+            self.grid_us = float(round(self.job.schedule.next_after(tick) * _US) - self.period_us)
 
     def advance(self, tick: float) -> float:
         """The job's next tick after ``tick``, the instant it was due at."""
@@ -445,21 +456,16 @@ class JobRunner:
 
     # -- its task ------------------------------------------------------------------
 
-    async def serve(
-        self, state: Mapping[str, Any], dispatcher: Dispatching, new_gate: Callable[[], Gate]
-    ) -> None:
+    async def serve(self, new_gate: Callable[[], Gate]) -> None:
         """The job's task: park until woken, run, and again, until `stop`.
         ``new_gate``: what it parks on (a future on asyncio, an event elsewhere)."""
         assert self._handle is not None, "bound by the backend before the task runs"
+        # Three locals: this frame is kept alive, parked, by every job (0.07
+        # KiB a job less than with the run's own in it: `_start_run`; even the
+        # exception is not named, as its slot is in the frame too).
         try:
             if self.job.catch_up is not None:
-                # Needs a round trip to the store: here, not in the scheduler's start.
-                first = self._catch_up = await self._missed_tick(self.job.catch_up)
-                if first is None:
-                    first = self.first_tick(self.clock.now())
-                if first is not None:
-                    dispatcher.add(self, first)
-            replaceable = self.job.overlap == "replace"
+                await self._catch_up_first()
             while not self.stopping:
                 if not self.woken:
                     self._gate = gate = new_gate()
@@ -468,35 +474,70 @@ class JobRunner:
                 if self.stopping and self.fence is None:
                     self.free(cancel=False)  # woken just before the stop: no new run
                     break
-                manual, fence = self.manual, self.fence
-                ran: RunEnd | None = None
                 try:
-                    if replaceable:
-                        ran = await self._replaceable(fence, state, manual)
-                    elif fence is None:
-                        ran = await self.attempts(self.due, state, manual)
-                    else:
-                        self.fence = None
-                        ran = await self._run_claimed(fence, state, manual)
+                    await self._start_run()
                 finally:
                     self.in_flight = False
-                    if manual is not None:
-                        self.manual = None
-                        manual.ran = ran
-                        manual.done.set()
-                ran = manual = None  # else kept alive while parked (~0.1 KiB a job)
                 if self.queued is not None:
                     await self._run_held_over()
-        except BaseException as exc:
-            if not (self.stopping and is_cancellation(exc)):
+        except BaseException:
+            if not self._stopped_quietly():
                 raise  # a cancellation from outside is never swallowed
             # Our own stop() or cut(): the task ends quietly.
         finally:
-            self.drop_held_over()  # behind a run that the stop cut
-            self._handle = self._gate = None
-            self._serving = False
-            if not self.retired:  # else its stats are its successor's
-                self.stats.next_run_at = None
+            self._served()
+
+    def _served(self) -> None:
+        """The job's task ends (a method: the frame that stays parked is smaller)."""
+        self.drop_held_over()  # behind a run that the stop cut
+        self._handle = self._gate = None
+        self._serving = False
+        if not self.retired:  # else its stats are its successor's
+            self.stats.next_run_at = None
+
+    async def _catch_up_first(self) -> None:
+        """Announce the missed tick to run first (or the first tick), which
+        needs a round trip to the store: in the task, not in the scheduler's start."""
+        assert self.job.catch_up is not None and self._tasks is not None
+        first = self._catch_up = await self._missed_tick(self.job.catch_up)
+        if first is None:
+            first = self.first_tick(self.clock.now())
+        if first is not None:
+            self._tasks.dispatcher.add(self, first)
+
+    def _stopped_quietly(self) -> bool:
+        """The task ends by our own stop() or cut(), not by a failure or a
+        cancellation from outside (asked while the exception is handled)."""
+        exc = sys.exc_info()[1]
+        return self.stopping and exc is not None and is_cancellation(exc)
+
+    def _start_run(self) -> Coroutine[Any, Any, RunEnd | None]:
+        """The run the task is woken for, not yet awaited: no coroutine more
+        per scheduled run (a run asked for by hand gets one, `_asked`)."""
+        assert self._tasks is not None
+        state, fence, manual = self._tasks.state, self.fence, self.manual
+        if self.job.overlap == "replace":
+            run = self._replaceable(fence, state, manual)
+        elif fence is None:
+            run = self.attempts(self.due, state, manual)
+        else:
+            self.fence = None
+            run = self._run_claimed(fence, state, manual)
+        return run if manual is None else self._asked(manual, run)
+
+    async def _asked(
+        self, manual: Manual, run: Coroutine[Any, Any, RunEnd | None]
+    ) -> RunEnd | None:
+        """A run asked for by hand: its asker is told how it ended."""
+        ran: RunEnd | None = None
+        try:
+            ran = await run
+        finally:
+            self.in_flight = False
+            self.manual = None
+            manual.ran = ran
+            manual.done.set()
+        return ran
 
     def stop(self) -> None:
         """Stop: at once if idle, else after the run in flight (with no more retries)."""

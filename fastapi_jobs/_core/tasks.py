@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 import anyio
@@ -40,8 +39,9 @@ class JobTasks:
     def __init__(
         self, state: Mapping[str, Any], dispatcher: Dispatching, all_ended: anyio.Event
     ) -> None:
-        self._state = state
-        self._dispatcher = dispatcher
+        self.state = state
+        """What the jobs' runs are given (the app's lifespan state)."""
+        self.dispatcher = dispatcher
         self._all_ended = all_ended
         """Set once stopping and every task has ended; whoever sets it first
         (the scheduler, to stop waiting for jobs that ignore cancellation)
@@ -64,7 +64,7 @@ class JobTasks:
         self._live += 1
         backend.start(
             runner,
-            partial(runner.serve, self._state, self._dispatcher),
+            runner.serve,
             runner.job.name,
             self._context.copy(),
             self._ended,
