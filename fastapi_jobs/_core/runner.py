@@ -375,8 +375,11 @@ class JobRunner:
     def wake(self) -> None:
         """Run the job for `due` (with `fence` if claimed). Once
         stopping, only a tick claimed before the stop runs (it is this instance's
-        to run), and only while the job's task still serves."""
-        if self.stopping and (self.fence is None or not self._serving):
+        to run), and only while the job's task still serves. A runner `retired`
+        (its stored schedule changed or removed) starts no run: its claim may
+        have gone out as the change was applied here, without the version that
+        would have made the store refuse it; the tick is given back unrun."""
+        if self.stopping and (self.fence is None or not self._serving or self.retired):
             self.free()
             return
         self.woken = True
@@ -405,11 +408,12 @@ class JobRunner:
             assert self._claims is not None
             # Never ran, so no run is recorded: this line is the claim's only trace.
             self.logger.info(
-                "job %r: tick %s (fence %d) was claimed as the app stopped; released "
+                "job %r: tick %s (fence %d) was claimed as the app stopped%s; released "
                 "without running",
                 self.job.name,
                 as_datetime(self.due).isoformat(),
                 fence,
+                " or its schedule changed" if self.retired else "",
                 extra={"job": self.job.name},
             )
             self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))

@@ -78,6 +78,8 @@ class StoredJobs:
             return
         self._parts.runners.pop(name, None)
         self._parts.versions.pop(name, None)
+        # A tick it takes from now on, or whose claim is on its way, does not run.
+        old.retired = True
         old.stop()  # after its run in flight
         running = self._current.running
         if running is not None:

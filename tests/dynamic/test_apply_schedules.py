@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import anyio
 import pytest
@@ -229,3 +230,38 @@ async def test_paused_in_a_set_holds_where_the_set_makes_or_changes_a_schedule()
         ]
         assert (await scheduler.apply_schedules("g", changed)).changed == ("a",)
         assert scheduler.job_status("a").paused
+
+
+class HeldClaims(MemoryStore):
+    """A memory store whose claims wait for ``hold`` before they are made (a
+    slow round trip), so that a change can be applied while one is on its way."""
+
+    hold: anyio.Event | None = None
+
+    async def claim(self, *args: Any, **kwargs: Any) -> dict[str, int | Exception]:
+        if self.hold is not None:
+            await self.hold.wait()
+        return await super().claim(*args, **kwargs)
+
+
+@pytest.mark.parametrize("change", ["removed", "changed"])
+async def test_a_tick_whose_claim_was_on_its_way_as_its_schedule_changed_does_not_run(
+    change: str,
+) -> None:
+    """The claim of a tick goes out; the set is applied (the schedule removed, or
+    changed) before it is made: the claim no longer carries the old version, yet
+    no run starts after the apply returned, under the old spec."""
+    clock = LoopClock(START)
+    store = HeldClaims(MemoryDatabase(clock))
+    ran: Ran = []
+    scheduler = with_report(ran, Scheduler(clock=clock, store=store))
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", tenants(["a"], every=10))
+        await anyio.sleep(15)  # tick 10 runs: the job's task serves
+        store.hold = anyio.Event()
+        await anyio.sleep(5.5)  # the claim of tick 20 is on its way
+        later = tenants(["a"], every=30) if change == "changed" else []
+        await scheduler.apply_schedules("g", later)
+        store.hold.set()
+        await anyio.sleep(1)
+    assert ran == [("report-a", "a", 10.0)]
