@@ -65,7 +65,12 @@ class ScheduleChanges:
         from the store (removed while this instance was away, the removal's row
         pruned since) are removed here too."""
         before = self._seen
+        # As `sync` does: the next read of changes goes back from this read, not
+        # from the newest version (a set of 100,000 applied at once shares one:
+        # the next beat read them all again).
+        read_at = int(self._parts.ticking.now() * 1e6)
         rows = await table.changes(0)
+        self._read_at = max(self._read_at, read_at)
         # An older release beside 10,000 schedules it cannot run says a few, then a count.
         self._budget, self._unsaid = _SAID_ONE_BY_ONE, 0
         try:
