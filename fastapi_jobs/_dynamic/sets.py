@@ -37,7 +37,6 @@ class ScheduleSpec:
     options: ScheduleOptions | None = None
     """The job's options, as `Scheduler.add_schedule` takes them (None: none)."""
 
-
     @classmethod
     def from_dict(cls, data: object) -> ScheduleSpec:
         """One schedule as JSON says it (``POST /jobs/schedules``'s body):
