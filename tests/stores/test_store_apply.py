@@ -126,9 +126,16 @@ async def test_an_apply_longer_than_the_timeout_stamps_its_versions_at_its_end(
     """Instances read the changes from a little before their last read: an
     apply that outlasts the store's timeout stamps every row it wrote again
     before it commits, so none carries a version from its start."""
-    async with opened(database_url, timeout=0.001) as (store, _):
-        answer = await store.schedules.apply(
-            "g", {f"s{n}": spec(n) for n in range(3_000)}, None, WITHIN
-        )
+    async with opened(database_url) as (store, _):
+        # The apply's timeout only, not the store's: a close under a 1 ms
+        # timeout leaves its connection to the garbage collector.
+        operations = store.schedules._ops
+        operations.timeout = 0.001
+        try:
+            answer = await store.schedules.apply(
+                "g", {f"s{n}": spec(n) for n in range(3_000)}, None, WITHIN
+            )
+        finally:
+            operations.timeout = store.timeout
         written = answer.created
         assert min(r.version for r in written) / 1e6 >= max(r.updated_at for r in written) - 1e-5
