@@ -272,14 +272,14 @@ def _zone(tz: str | tzinfo) -> tzinfo:
     if isinstance(tz, tzinfo):
         return tz
     if not isinstance(tz, str):
-        raise ConfigurationError(f"tz= takes an IANA name or a tzinfo, got {tz!r}")
+        raise ConfigurationError(f"tz= takes an IANA name or a tzinfo, got {short(tz)}")
     if tz.upper() == "UTC":
         return UTC
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name past a file's
         raise ConfigurationError(
-            f"unknown timezone {tz!r}: use an IANA name such as 'Europe/Lisbon' "
+            f"unknown timezone {short(tz)}: use an IANA name such as 'Europe/Lisbon' "
             "or 'UTC' (on a system without tz data, install the tzdata package)"
         ) from None
 

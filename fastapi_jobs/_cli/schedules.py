@@ -309,7 +309,12 @@ def _set(path: str) -> list[ScheduleSpec]:
         raise _Refused(f"cannot read {path}: {exc}") from None
     except ValueError as exc:
         raise _Refused(f"{path} is not JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("schedules"), list):
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"schedules"}
+        or not isinstance(data["schedules"], list)
+    ):
+        # As PUT /jobs/schedules takes it: an extra key is a mistake, not a comment.
         raise _Refused(f'{path}: write {{"schedules": [...]}}, one object per schedule')
     wanted = []
     for n, item in enumerate(data["schedules"]):

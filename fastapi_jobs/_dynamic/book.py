@@ -126,7 +126,7 @@ class ScheduleBook(ScheduleChanges):
         if not isinstance(task, str) or task not in self.tasks:
             known = ", ".join(repr(t) for t in sorted(self.tasks)[:20]) or "none"
             raise ConfigurationError(
-                f"schedule {name!r}: no task named {task!r} (the tasks, registered with "
+                f"schedule {name!r}: no task named {short(task)} (the tasks, registered with "
                 f"@scheduler.task(), are: {known})"
             )
         func, takes_context = self.tasks[task]
@@ -250,7 +250,7 @@ class ScheduleBook(ScheduleChanges):
         """Make the live schedules of ``group`` exactly ``wanted``: with a store,
         in one transaction, and applied here at once (the other instances at
         their next heartbeat)."""
-        group, given, rows = self._checked_set(group, wanted)
+        group, given, rows = await self._checked_set(group, wanted)
         table = self._table
         if table is None:
             warn_if_in_several_processes(self._parts.logger, group)
@@ -262,7 +262,11 @@ class ScheduleBook(ScheduleChanges):
             within = _CHANGE_WAIT * self._store_timeout() + len(rows) / 1000
             answer = await self._write_set(group, table, rows, within)
             apply = partial(self._applied, quiet=True)
-        made = [apply(row) for row in (*answer.created, *answer.changed, *answer.removed)]
+        made = []
+        for count, row in enumerate((*answer.created, *answer.changed, *answer.removed), 1):
+            made.append(apply(row))
+            if count % 500 == 0:
+                await anyio.lowlevel.checkpoint()  # each builds a job: let requests in
         for stored in made[: len(answer.created) + len(answer.changed)]:
             options = given[stored.name].options or {}
             if "paused" in options:
@@ -285,34 +289,49 @@ class ScheduleBook(ScheduleChanges):
         )
         return done
 
-    def _checked_set(
+    async def _checked_set(
         self, group: str, wanted: Iterable[ScheduleSpec]
     ) -> tuple[str, dict[str, ScheduleSpec], dict[str, tuple[str, str]]]:
         """The group's name, and each schedule (by name) with its task and spec, or
-        `ConfigurationError` for the first that cannot be: nothing applied."""
+        `ConfigurationError` for the first that cannot be, saying which (its place
+        in the set: one of 100,000): nothing applied."""
         try:
             # A group's name goes where a job's does (URLs, logs, a VARCHAR(200)).
             group = check_name(group)
         except ConfigurationError as exc:
             raise ConfigurationError(f"apply_schedules(): the group's name: {exc}") from None
+        if isinstance(wanted, (str, bytes, Mapping)) or not isinstance(wanted, Iterable):
+            raise ConfigurationError(
+                f"apply_schedules({group!r}, {short(wanted)}): give a list of ScheduleSpec"
+            )
         rows: dict[str, tuple[str, str]] = {}
         given: dict[str, ScheduleSpec] = {}
-        for spec in wanted:
-            if not isinstance(spec, ScheduleSpec):
+        for index, spec in enumerate(wanted):
+            if index % 500 == 499:
+                await anyio.lowlevel.checkpoint()  # requests go on while 100,000 are checked
+            try:
+                name, row = self._checked(spec, rows)
+            except ConfigurationError as exc:
                 raise ConfigurationError(
-                    f"apply_schedules({group!r}): {short(spec)} is not a ScheduleSpec: give "
-                    "ScheduleSpec(name, task, schedule, kwargs=..., options=...) for each"
-                )
-            name = self._refuse_declared(spec.name)
-            if name in rows:
-                raise ConfigurationError(
-                    f"apply_schedules({group!r}): schedule {name!r} is given twice: give each "
-                    "name once"
-                )
-            options = spec.options or {}
-            rows[name] = self._check(name, spec.task, spec.schedule, spec.kwargs, options)
+                    f"apply_schedules({group!r}): schedules[{index}]: {exc}"
+                ) from None
+            rows[name] = row
             given[name] = spec
         return group, given, rows
+
+    def _checked(
+        self, spec: ScheduleSpec, rows: Mapping[str, tuple[str, str]]
+    ) -> tuple[str, tuple[str, str]]:
+        if not isinstance(spec, ScheduleSpec):
+            raise ConfigurationError(
+                f"{short(spec)} is not a ScheduleSpec: give ScheduleSpec(name, task, "
+                "schedule, kwargs=..., options=...) for each"
+            )
+        name = self._refuse_declared(spec.name)
+        if name in rows:
+            raise ConfigurationError(f"schedule {name!r} is given twice: give each name once")
+        options = spec.options or {}
+        return name, self._check(name, spec.task, spec.schedule, spec.kwargs, options)
 
     async def _write_set(
         self,

@@ -158,7 +158,9 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
     are JSON values; as JSON gives them back (a tuple is a list)."""
     said = f"the schedule's kwargs for task {task!r}"
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise ConfigurationError(f"{said}: {short(kwargs)}: pass a dict with string keys")
+        # Never the values themselves: a password among them would reach a 422 or a log.
+        got = type(kwargs).__name__
+        raise ConfigurationError(f"{said}: a {got}: pass a dict with string keys")
     if _flat_text(kwargs):
         # Strings, whole numbers, flags, None: JSON gives them back as they are
         # (a start checks 100,000 such schedules' arguments; the round trip
@@ -169,7 +171,7 @@ def check_kwargs(task: str, func: Task, takes_context: bool, kwargs: object) -> 
             encoded = json.dumps(dict(kwargs), allow_nan=False, ensure_ascii=False)
             copied = json.loads(encoded)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise ConfigurationError(f"{said}: {short(kwargs)}: not JSON values ({exc})") from None
+            raise ConfigurationError(f"{said}: not JSON values ({short(str(exc))})") from None
         if not is_text(encoded):
             # Valid JSON ("\ud800" escaped), but no UTF-8 text: stored, it would fail
             # every listing that shows it.
@@ -221,7 +223,7 @@ def _check_names(said: str, func: Task, takes_context: bool, copied: Mapping[str
     unknown = sorted(set(copied) - names) if not accepts_any else []
     if unknown:
         raise ConfigurationError(
-            f"{said}: it takes no argument {unknown[0]!r} "
+            f"{said}: it takes no argument {short(unknown[0])} "
             f"(it takes {', '.join(sorted(names)) or 'none'})"
         )
     missing = [
@@ -277,7 +279,7 @@ def check_stored_options(name: str, options: Mapping[str, Any]) -> dict[str, Any
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigurationError(
-            f"schedule {name!r}: {unknown[0]!r} is not an option of a stored schedule "
+            f"schedule {name!r}: {short(unknown[0])} is not an option of a stored schedule "
             f"(they are {', '.join(sorted(_OPTIONS))})"
         )
     said = f"schedule {name!r}: "

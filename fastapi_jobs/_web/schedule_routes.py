@@ -250,9 +250,12 @@ def _add_set(router: APIRouter, seam: Seam, bounds: ScheduleBounds) -> None:
         body = await read_json(request, ScheduleSet, MAX_SET_BODY, _example(ScheduleSet))
         wanted = []
         try:
-            for item in body.schedules:
-                schedule = _schedule(item.schedule)
-                bounds.check(item.name, schedule, item.options)
+            for index, item in enumerate(body.schedules):
+                try:
+                    schedule = _schedule(item.schedule)
+                    bounds.check(item.name, schedule, item.options)
+                except ConfigurationError as exc:
+                    _refuse(f"schedules[{index}]: {exc}")
                 options: Any = item.options  # checked by the book, as add_schedule's are
                 wanted.append(ScheduleSpec(item.name, item.task, schedule, item.kwargs, options))
             applied = await seam.apply_schedules(group, wanted)

@@ -61,6 +61,7 @@ def test_a_file_of_thousands_is_applied_then_again_untouched_then_trimmed(
     [
         ("{", "is not JSON"),
         ("[]", 'write {"schedules": [...]}'),
+        ('{"schedules": [], "x": 1}', 'write {"schedules": [...]}'),  # as PUT refuses it
         ('{"schedules": [1]}', "schedules[0]: 1 is not a schedule"),
         ('{"schedules": [{"name": "a", "task": "t"}]}', "schedules[0]: a schedule has the keys"),
         (

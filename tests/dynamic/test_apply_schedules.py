@@ -265,3 +265,19 @@ async def test_a_tick_whose_claim_was_on_its_way_as_its_schedule_changed_does_no
         store.hold.set()
         await anyio.sleep(1)
     assert ran == [("report-a", "a", 10.0)]
+
+
+async def test_python_errors_name_the_place_and_hide_the_values() -> None:
+    """A value JSON cannot hold says the schedule's place, never the values (a
+    password among them would reach a log); a set that is not a list is said."""
+    scheduler = with_report([])
+    async with scheduler.running():
+        secret = ScheduleSpec(
+            "b", "report", Every(seconds=60), {"tenant": "b", "password": "hunter2", "at": START}
+        )
+        with pytest.raises(ConfigurationError) as info:
+            await scheduler.apply_schedules("g", [*tenants(["a"]), secret])
+        assert "schedules[1]" in str(info.value) and "hunter2" not in str(info.value)
+        for wrong in (None, "report-a", {"a": 1}):
+            with pytest.raises(ConfigurationError, match="give a list of ScheduleSpec"):
+                await scheduler.apply_schedules("g", wrong)  # type: ignore[arg-type]

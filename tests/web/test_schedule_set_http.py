@@ -4,6 +4,7 @@ once into a SQLite file; what a bad set, a taken name and the bound get."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,30 @@ async def test_a_set_the_store_cannot_take_is_503_saying_nothing_changed(
     detail = answer.json()["detail"]
     assert "cannot apply the schedules of group 'g'" in detail and "nothing changed" in detail
     assert "hunter2" not in detail and "postgresql" not in detail
+
+
+@pytest.mark.looptime
+async def test_what_a_hostile_set_gets_says_where_and_shows_no_secret_nor_its_input() -> None:
+    """A value JSON cannot hold beside a password: the 422 names the schedule's
+    place and hides the password; a zone past a file name's length, a task of a
+    megabyte: 422s of a few hundred bytes, not a 500 nor the input echoed."""
+    async with serve(make_app(with_report([]))) as client:
+        nan = '{"schedules": [%s, {"name": "b", "task": "report", "schedule": {"every": 60}, '
+        nan += '"kwargs": {"password": "hunter2", "tenant": NaN}}]}'
+        sent = nan % json.dumps(tenant("a"))
+        answer = await client.put(
+            "/jobs/schedules?group=g",
+            content=sent,
+            headers={**ADMIN, "content-type": "application/json"},
+        )
+        assert answer.status_code == 422, answer.text
+        assert "schedules[1]" in answer.json()["detail"] and "hunter2" not in answer.text
+        huge_zone = {**tenant("a"), "schedule": {"cron": "0 7 * * *", "tz": "A" * 300}}
+        huge_task = {**tenant("a"), "task": "t" * 1_000_000}
+        for item in (huge_zone, huge_task):
+            refused = await client.put(
+                "/jobs/schedules?group=g", json={"schedules": [item]}, headers=ADMIN
+            )
+            assert refused.status_code == 422 and len(refused.text) < 1_000, refused.text[:300]
+            assert "schedules[0]" in refused.json()["detail"]
+        assert (await client.get("/jobs/schedules")).json() == []
