@@ -66,7 +66,7 @@ def check_max_schedules(most: object) -> int | None:
     if most is not None and not is_whole(most, 1, 10**9):
         raise ConfigurationError(
             f"Scheduler(max_schedules={short(most)}): the most live schedules, a whole "
-            "number from 1, or None for no bound"
+            "number from 1 to 1,000,000,000, or None for no bound"
         )
     return most
 
