@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ._clock import Clock
-from ._errors import ConfigurationError, short
+from ._errors import ConfigurationError, NameTakenError, TooManySchedulesError, short
 from ._results import Ended
 from ._status import ClusterView, RunRecord
 from .queues import Outbox
@@ -29,6 +29,7 @@ __all__ = [
     "Refused",
     "ScheduleRow",
     "ScheduleTable",
+    "SetChange",
     "Store",
 ]
 
@@ -251,6 +252,45 @@ class AppliedRows(NamedTuple):
     changed: list[ScheduleRow]
     removed: list[ScheduleRow]
     unchanged: int
+
+
+class SetChange(NamedTuple):
+    """What applying a set does to a group's live schedules (name: task, spec):
+    the names to make, to change (their task or spec differs) and to remove.
+    One computation for every place a set is applied (the SQL store, the memory
+    store, a scheduler without a store)."""
+
+    new: list[str]
+    changed: list[str]
+    gone: list[str]
+
+    @classmethod
+    def of(
+        cls, current: Mapping[str, tuple[str, str]], wanted: Mapping[str, tuple[str, str]]
+    ) -> SetChange:
+        return cls(
+            new=[name for name in wanted if name not in current],
+            changed=[name for name in wanted if name in current and current[name] != wanted[name]],
+            gone=[name for name in current if name not in wanted],
+        )
+
+    @property
+    def grows_by(self) -> int:
+        return len(self.new) - len(self.gone)
+
+    def check_bound(self, live: int, most: int | None) -> None:
+        """`TooManySchedulesError` if the set takes ``live`` schedules past ``most``."""
+        if most is not None and self.grows_by > 0 and live + self.grows_by > most:
+            raise TooManySchedulesError(live, self.grows_by, most)
+
+    @staticmethod
+    def taken(group: str, names: Sequence[str]) -> NameTakenError:
+        """The error of a set some of whose ``names`` live outside ``group``."""
+        listed = ", ".join(repr(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
+        return NameTakenError(
+            f"{len(names)} of the schedules' names are taken by live schedules outside "
+            f"group {group!r} ({listed}): remove those, or leave them out; nothing was applied"
+        )
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ from .._errors import (
 )
 from .._schedules import Schedule
 from .._status import ErrorInfo
-from .._store import AppliedRows, ScheduleRow, ScheduleTable
+from .._store import AppliedRows, ScheduleRow, ScheduleTable, SetChange
 from .changes import ScheduleChanges
 from .jobs import StoredJobs
 from .sets import AppliedSchedules, ScheduleSpec
@@ -366,23 +366,11 @@ class ScheduleBook(ScheduleChanges):
             for name, s in self.schedules.items()
             if s.group == group
         }
-        new = [name for name in rows if name not in current]
+        new, changed, gone = change = SetChange.of(current, rows)
         taken = [name for name in new if name in self.schedules]
         if taken:
-            raise NameTakenError(
-                f"{len(taken)} of the schedules' names are taken by schedules outside group "
-                f"{group!r} ({', '.join(repr(n) for n in taken[:5])}): remove those, or "
-                "leave them out; nothing was applied"
-            )
-        changed = [name for name in rows if name in current and current[name] != rows[name]]
-        gone = [name for name in current if name not in rows]
-        live = len(self.schedules)
-        if (
-            self.most is not None
-            and len(new) > len(gone)
-            and live - len(gone) + len(new) > self.most
-        ):
-            raise TooManySchedulesError(live, len(new) - len(gone), self.most)
+            raise SetChange.taken(group, taken)
+        change.check_bound(len(self.schedules), self.most)
         now = time.time()
 
         def row(name: str, task: str, spec: str, removed: bool) -> ScheduleRow:

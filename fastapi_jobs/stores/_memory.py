@@ -34,7 +34,6 @@ import anyio.lowlevel
 from .._clock import Clock, SystemClock, as_datetime
 from .._errors import (
     ConfigurationError,
-    NameTakenError,
     StoreError,
     TickAheadError,
     TooManySchedulesError,
@@ -50,6 +49,7 @@ from .._store import (
     Instance,
     Refused,
     ScheduleRow,
+    SetChange,
 )
 from ._operations import NOT_OPEN
 from ._options import check_claims
@@ -521,19 +521,11 @@ class _Schedules:
             for name, row in table.items()
             if row.group == group and not row.removed
         }
-        new = [name for name in rows if name not in current]
+        new, changed, gone = change = SetChange.of(current, rows)
         taken = [name for name in new if self._live(name) is not None]
         if taken:
-            raise NameTakenError(
-                f"{len(taken)} of the schedules' names are taken by live schedules outside "
-                f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}): remove those, "
-                "or leave them out; nothing was applied"
-            )
-        changed = [name for name in rows if name in current and current[name] != rows[name]]
-        gone = [name for name in current if name not in rows]
-        live = sum(not row.removed for row in table.values())
-        if most is not None and len(new) > len(gone) and live - len(gone) + len(new) > most:
-            raise TooManySchedulesError(live, len(new) - len(gone), most)
+            raise SetChange.taken(group, taken)
+        change.check_bound(sum(not row.removed for row in table.values()), most)
         return AppliedRows(
             created=[self._write(n, *rows[n], removed=False, group=group) for n in new],
             changed=[self._write(n, *rows[n], removed=False, group=group) for n in changed],

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import NameTakenError, StoreError, TooManySchedulesError
 from .._status import ErrorInfo
-from .._store import AppliedRows, ScheduleRow
+from .._store import AppliedRows, ScheduleRow, SetChange
 from ._db_clock import db_now
 from ._operations import NOT_OPEN, Operations, transaction
 from ._tables import Tables
@@ -139,14 +139,7 @@ class StoreSchedules:
         most: int | None,
         within: float,
     ) -> AppliedRows:
-        self._dialect()  # open, or StoreError
-        if not self._ops.ready:
-            try:
-                await self._ops.spawn(self._ops.ensure_ready())
-            except Exception as exc:  # nothing was sent: nothing changed
-                raise StoreError(f"the store could not reach it ({ErrorInfo.of(exc)})") from exc
-        if not self.present:
-            raise self._absent()
+        await self._ready_to_write()
         committing = False
 
         async def make(conn: AsyncConnection) -> AppliedRows:
@@ -181,13 +174,9 @@ class StoreSchedules:
         """`apply`'s work, inside its transaction."""
         started = (await conn.execute(sa.select(db_now()))).scalar_one()
         current = await self._group_locked(conn, group)
-        new = [name for name in rows if name not in current]
-        changed = [name for name in rows if name in current and current[name] != rows[name]]
-        gone = [name for name in current if name not in rows]
-        if most is not None and len(new) > len(gone):
-            live = await self._live_count(conn)
-            if live - len(gone) + len(new) > most:
-                raise TooManySchedulesError(live, len(new) - len(gone), most)
+        new, changed, gone = change = SetChange.of(current, rows)
+        if most is not None and change.grows_by > 0:
+            change.check_bound(await self._live_count(conn), most)
         await self._insert(conn, group, {name: rows[name] for name in new})
         await self._change_all(conn, group, {name: rows[name] for name in changed})
         await self._remove_all(conn, group, gone)
@@ -245,12 +234,7 @@ class StoreSchedules:
         made = {name for (name,) in (await conn.execute(statement, params)).all()}
         taken = [name for name in rows if name not in made]
         if taken:
-            raise NameTakenError(
-                f"{len(taken)} of the schedules' names are taken by live schedules outside "
-                f"group {group!r} ({', '.join(repr(n) for n in taken[:5])}"
-                f"{', ...' if len(taken) > 5 else ''}): remove those, or leave them out; "
-                "nothing was applied"
-            )
+            raise SetChange.taken(group, taken)
 
     async def _change_all(
         self, conn: AsyncConnection, group: str, rows: Mapping[str, tuple[str, str]]
@@ -323,12 +307,8 @@ class StoreSchedules:
         rows = await self._ops.run(lambda conn: _all(conn, query))
         return [_row(row) for row in rows]
 
-    async def _live_count(self, conn: AsyncConnection) -> int:
-        s = self._table
-        query = sa.select(sa.func.count()).select_from(s).where(s.c.removed == sa.false())
-        return int((await conn.execute(query)).scalar_one())
-
-    async def _write(self, statement: Any, most: int | None = None) -> ScheduleRow | None:
+    async def _ready_to_write(self) -> None:
+        """The store open and its tables checked, or `StoreError`: nothing sent."""
         self._dialect()  # open, or StoreError
         if not self._ops.ready:
             try:
@@ -337,6 +317,14 @@ class StoreSchedules:
                 raise StoreError(f"the store could not reach it ({ErrorInfo.of(exc)})") from exc
         if not self.present:
             raise self._absent()
+
+    async def _live_count(self, conn: AsyncConnection) -> int:
+        s = self._table
+        query = sa.select(sa.func.count()).select_from(s).where(s.c.removed == sa.false())
+        return int((await conn.execute(query)).scalar_one())
+
+    async def _write(self, statement: Any, most: int | None = None) -> ScheduleRow | None:
+        await self._ready_to_write()
         asked = asyncio.get_running_loop().time()
 
         async def send(conn: AsyncConnection, before: float) -> Any:
