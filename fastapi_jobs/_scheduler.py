@@ -41,7 +41,7 @@ from ._job import Job, JobOptions, check_options
 from ._logging import LIBRARY
 from ._results import RunResult
 from ._schedules import Cron, Every, Schedule
-from ._status import ClusterView, JobStatus, PauseState, RunRecord
+from ._status import ClusterView, Health, JobStatus, PauseState, RunRecord
 from ._store import Capabilities, Instance, Store
 
 if TYPE_CHECKING:
@@ -514,6 +514,21 @@ class Scheduler:
         """`status`, with each claimed job's cluster-wide last run filled in
         (and every job's pause as the store has it)."""
         return await self._seam.cluster_status()
+
+    def health(self) -> Health:
+        """Whether this instance's scheduler does its work: it runs, and its
+        store (if any) has not failed every claim or every heartbeat for longer
+        than its lease. See `health_router` for the HTTP form a probe reads."""
+        return self._seam.health()
+
+    def health_router(self, path: str = "/healthz/jobs") -> APIRouter:
+        """An ``APIRouter`` with one route, ``GET path``: `health` as JSON, with
+        HTTP 200 when it is ok and 503 when it is not, for a Kubernetes probe or
+        a load balancer. It shows no job, host or error message, so it needs no
+        auth: ``app.include_router(scheduler.health_router())``."""
+        from ._web.health_routes import build_health_router
+
+        return build_health_router(self._seam, path)
 
     @property
     def router(self) -> APIRouter:

@@ -38,6 +38,7 @@ import anyio
 
 from .._errors import StoreError, TickAheadError, short
 from .._store import FUTURE_MARGIN, Capabilities, Ended, Store
+from .health import StoreHealth
 from .heartbeat import Heartbeat
 
 __all__ = ["Claims"]
@@ -86,6 +87,8 @@ class Claims:
         self.heartbeat: Heartbeat | None = None
         """This instance's heartbeat (set once it runs): a claim refused as ahead
         of the database's clock corrects its clock (`heard`)."""
+        self.health: StoreHealth | None = None
+        """Told whether each claim went through (set once it runs)."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
@@ -163,16 +166,10 @@ class Claims:
                 given["instant"] = instant
         try:
             with anyio.fail_after(store.timeout):
-                if self._sending:
-                    # Their releases on their way: sent with this claim if they fail.
-                    await self._sent_for({job for job, _ in wanted})
-                both = self._both
-                if both is not None and (self._unreleased or self._ended):
-                    return await self._release_then_claim(both, wanted, given)
-                if self._unreleased or self._ended:
-                    await self._release_first({job for job, _ in wanted})
-                return await store.claim(wanted, **given)
+                fences = await self._claiming(wanted, given)
         except Exception as exc:  # noqa: BLE001 - fail closed: skip, retry next tick
+            if self.health is not None:
+                self.health.failed("claims", exc)
             # A StoreError is the store's own word on why it cannot be used (its
             # tables, say): the database answered. Anything else never got an answer.
             told = isinstance(exc, StoreError)
@@ -184,6 +181,23 @@ class Claims:
                 exc if told else repr(exc),
             )
             return exc
+        if self.health is not None:
+            self.health.ok("claims")
+        return fences
+
+    async def _claiming(
+        self, wanted: list[tuple[str, float]], given: dict[str, Any]
+    ) -> Mapping[str, int | Exception]:
+        """`claim`'s call, after the releases it must follow."""
+        if self._sending:
+            # Their releases on their way: sent with this claim if they fail.
+            await self._sent_for({job for job, _ in wanted})
+        both = self._both
+        if both is not None and (self._unreleased or self._ended):
+            return await self._release_then_claim(both, wanted, given)
+        if self._unreleased or self._ended:
+            await self._release_first({job for job, _ in wanted})
+        return await self.store.claim(wanted, **given)
 
     def _without_unsettled(
         self, instant: tuple[str, float, frozenset[str]]

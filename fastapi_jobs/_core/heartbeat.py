@@ -18,6 +18,7 @@ import anyio
 
 from .._clock import OffsetClock
 from .._store import Store
+from .health import StoreHealth
 
 __all__ = ["Heartbeat", "OffsetEstimate"]
 
@@ -84,6 +85,8 @@ class Heartbeat:
         """Given the store's pauses at each beat (what `Store.pauses` returns)."""
         self.on_step: Callable[[], None] | None = None
         """Called when the offset moved by a step (see `beat`)."""
+        self.health: StoreHealth | None = None
+        """Told whether each beat went through (set while the scheduler runs)."""
         self.also: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         """Reads made at each beat, after it (the stored schedules' changes), by
         name: each under the store's timeout, a failure logged."""
@@ -162,7 +165,11 @@ class Heartbeat:
                 pauses = await self.store.pauses()
         except Exception as exc:  # noqa: BLE001 - the next beat retries
             self.logger.warning("instance heartbeat failed: %r", exc)
+            if self.health is not None:
+                self.health.failed("heartbeats", exc)
             return
+        if self.health is not None:
+            self.health.ok("heartbeats")
         self.on_pauses(pauses)
         self.heard(sent, db_time, received)
         for name, read in self.also:

@@ -23,6 +23,7 @@ from .._logging import LIBRARY, make_visible
 from .claims import Claims
 from .dispatcher import Dispatcher
 from .drain import drain
+from .health import StoreHealth
 from .parts import AppLifespan, Parts
 from .runner import JobRunner
 from .startup import log_start, warn_if_unclaimed_in_several_processes
@@ -70,6 +71,8 @@ class Running:
         self._swept = 0  # how many runners the last `let_go` kept
         self.stopped = anyio.Event()
         self.claims: Claims | None = None
+        self.health: StoreHealth | None = None
+        """Whether the store answers (with a store): `Scheduler.health`."""
         self._forget_pauses = forget_pauses
         self._started: tuple[Dispatcher, JobTasks] | None = None
         self._stopping = False
@@ -107,7 +110,7 @@ class Running:
         finally:
             self._current.running = self.claims = self._started = None
             if parts.heartbeat is not None:
-                parts.heartbeat.on_step = None
+                parts.heartbeat.on_step = parts.heartbeat.health = None
             if store is not None:
                 with anyio.CancelScope(shield=True):
                     await store.close()
@@ -117,6 +120,9 @@ class Running:
         each one's first tick when ``ticking``)."""
         parts, store, runners = self.parts, self.parts.store, self.runners
         if store is not None:
+            self.health = StoreHealth(parts.logger, store.lease)
+            if parts.heartbeat is not None:
+                parts.heartbeat.health = self.health
             # What the store's pauses were is not known until it is read
             # again (the first beat): a job that no claim guards waits for it.
             self._forget_pauses()
@@ -136,6 +142,8 @@ class Running:
             else Claims(store, parts.logger, parts.versions, parts.capabilities)
         )
         dispatcher = Dispatcher(parts.ticking, claims)
+        if claims is not None:
+            claims.health = self.health
         if parts.heartbeat is not None:
             parts.heartbeat.on_step = dispatcher.kick
             if claims is not None:

@@ -33,8 +33,9 @@ from .._dynamic.stored import StoredSchedule
 from .._job import Job
 from .._results import RunResult
 from .._schedules import Schedule
-from .._status import ClusterView, JobStatus, PauseState, RunRecord
+from .._status import ClusterView, Health, JobStatus, PauseState, RunRecord
 from .._store import Store
+from .health import health_of
 from .lifecycle import CurrentRun, app_state
 from .manual_runs import Operator
 from .parts import Parts
@@ -92,6 +93,16 @@ class Seam:
     def runners(self) -> list[JobRunner]:
         """Every job's runner, for figures read straight from each job's stats."""
         return list(self._parts.runners.values())
+
+    def health(self) -> Health:
+        """Whether the scheduler does its work (`Scheduler.health`)."""
+        running = self._current.running
+        store = self._parts.store
+        return health_of(
+            running is not None,
+            None if running is None else running.health,
+            None if store is None else store.lease,
+        )
 
     def claimed(self, name: str) -> bool:
         """Whether the ticks of ``name`` are claimed in the store."""

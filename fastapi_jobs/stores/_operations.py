@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .._errors import StoreError
 from .._status import ErrorInfo
 from ._db_clock import db_now
-from ._poolers import Reconnect, refused_for_statement_mode
+from ._poolers import Reconnect, refused_for_kept_statements, refused_for_statement_mode
 
 __all__ = ["NOT_OPEN", "Operations", "transaction"]
 
@@ -308,11 +308,15 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
 async def _connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A connection of ``engine``; a pooler in statement mode refuses the
     transaction a first connection opens (SQLAlchemy's own reads of the
-    server): that is said as `ConfigurationError`, naming the fix."""
+    server), and behind one in transaction mode those reads may meet another
+    client's prepared statements: each is said as `ConfigurationError`,
+    naming the fix."""
     try:
         conn = await engine.connect()
     except sa.exc.DBAPIError as exc:
-        refused = refused_for_statement_mode(exc)
+        refused = refused_for_statement_mode(exc) or refused_for_kept_statements(
+            exc, engine.dialect.driver
+        )
         if refused is not None:
             raise refused from exc
         raise

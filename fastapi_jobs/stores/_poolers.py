@@ -31,7 +31,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import ConfigurationError
 
-__all__ = ["Reconnect", "cautious", "check", "refused_for_statement_mode"]
+__all__ = [
+    "Reconnect",
+    "cautious",
+    "check",
+    "refused_for_kept_statements",
+    "refused_for_statement_mode",
+]
 
 logger = logging.getLogger("fastapi_jobs.stores")
 
@@ -40,6 +46,14 @@ _NO_STATEMENTS_KEPT: dict[str, tuple[str, Any]] = {
     "asyncpg": ("statement_cache_size", 0),
     "psycopg": ("prepare_threshold", None),
 }
+
+# What a prepared statement kept behind a transaction-mode pooler meets on a
+# server connection shared with other clients: another client's statement of
+# the same name (42P05), none of that name (26000), or one of that name made
+# for other columns or parameters (asyncpg's own errors, which carry no code).
+# Nothing else makes them: a connection straight to PostgreSQL owns its names.
+_CLASH_CODES = frozenset({"42P05", "26000"})
+_CLASH_WORDS = ("number of columns in the result row", "bind message supplies")
 
 STATEMENT_MODE = (
     "the store reaches PostgreSQL through a pooler in statement mode, which runs no "
@@ -78,7 +92,15 @@ async def check(conn: AsyncConnection, owned: AsyncEngine | None) -> bool:
     assert driver is not None, "a connection checked out has its driver's"
     name = conn.dialect.driver
     told = driver.get_server_pid() if name == "asyncpg" else driver.info.backend_pid
-    real = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+    try:
+        real = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+    except sa.exc.DBAPIError as exc:
+        # Instances starting at once behind a pooler: this very statement may
+        # meet another's of the same name. That is the answer, not a failure.
+        refused = refused_for_kept_statements(exc, name)
+        if refused is not None:
+            raise refused from None
+        raise
     if told == real:
         if owned is not None and event.contains(owned.sync_engine, "do_connect", _keep_none):
             # The server itself: statements prepared once and kept (~150 µs a
@@ -89,20 +111,41 @@ async def check(conn: AsyncConnection, owned: AsyncEngine | None) -> bool:
         return False
     await _refuse_statement_mode(conn)
     if _keeps_statements(driver, name):
-        argument, value = _NO_STATEMENTS_KEPT[name]
-        raise ConfigurationError(
-            "the store's engine reaches PostgreSQL through a connection pooler (the "
-            f"server's process {real} is not the {told} the connection was told), and "
-            "its connections keep prepared statements: in the pooler's transaction mode "
-            "they run on other clients' server connections, with other parameters. "
-            f"Make the engine with connect_args={{{argument!r}: {value!r}}}, or give the "
-            "store the URL: SQLAlchemyStore(url) makes an engine of its own that keeps none"
-        )
+        seen = f"the server's process {real} is not the {told} the connection was told"
+        raise _kept_statements(name, seen)
     logger.info(
         "the store reaches PostgreSQL through a connection pooler: its connections keep "
         "no prepared statements"
     )
     return True
+
+
+def _kept_statements(driver: str, seen: str) -> ConfigurationError:
+    """The refusal of an engine of ``driver`` that keeps prepared statements
+    behind a pooler (``seen``: how the store knows), naming the fix."""
+    argument, value = _NO_STATEMENTS_KEPT[driver]
+    return ConfigurationError(
+        f"the store's engine reaches PostgreSQL through a connection pooler ({seen}), and "
+        "its connections keep prepared statements: in the pooler's transaction mode "
+        "they run on other clients' server connections, with other parameters. "
+        f"Make the engine with connect_args={{{argument!r}: {value!r}}}, or give the "
+        "store the URL: SQLAlchemyStore(url) makes an engine of its own that keeps none"
+    )
+
+
+def refused_for_kept_statements(exc: sa.exc.DBAPIError, driver: str) -> ConfigurationError | None:
+    """The `ConfigurationError` naming the fix, if ``exc`` is what a prepared
+    statement kept behind a pooler meets (another client's of the same name,
+    none, or one of other columns): at the store's check, or at a first
+    connection (SQLAlchemy's own reads of the server), where instances that
+    start at once meet each other's statements before the check can tell."""
+    if driver not in _NO_STATEMENTS_KEPT:
+        return None
+    code = getattr(exc.orig, "sqlstate", None)
+    said = str(exc.orig)
+    if code in _CLASH_CODES or any(words in said for words in _CLASH_WORDS):
+        return _kept_statements(driver, f"a prepared statement clashed: {said[:120]}")
+    return None
 
 
 def _keeps_statements(driver: Any, name: str) -> bool:

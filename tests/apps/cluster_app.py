@@ -11,7 +11,8 @@ startup complete, before it binds: a loaded machine, for the harness's test),
 STARTUP_SECONDS (s the lifespan waits after making its tables: a startup stuck;
 it creates the file STARTUP_MARK, if given, as it starts waiting), STORE_URL (1: the
 store is given DATABASE_URL itself and makes its own engine, as behind a pooler;
-the app's own engine then keeps no prepared statements, as a pooler needs).
+the app's own engine then keeps no prepared statements, as a pooler needs), APP_TABLES
+(0: the lifespan makes no table of its own and touches no database: only the store does).
 The control router is public: the tests reach the app on localhost only.
 
 Tables (in the app's own database, beside the store's):
@@ -102,7 +103,7 @@ def _app_connect_args() -> dict[str, Any]:
 @asynccontextmanager
 async def resources(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     engine = create_async_engine(ENV["DATABASE_URL"], connect_args=_app_connect_args())
-    for attempt in range(5):
+    for attempt in range(5 if ENV.get("APP_TABLES") != "0" else 0):
         try:
             async with engine.begin() as conn:
                 for table in metadata.sorted_tables:

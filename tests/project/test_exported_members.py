@@ -24,6 +24,7 @@ def test_exported_members() -> None:
         "ConfigurationError",
         "Cron",
         "ErrorInfo",
+        "Health",
         "Every",
         "FastAPIJobsError",
         "InstanceStatus",

@@ -116,6 +116,26 @@ async def test_an_app_engine_that_keeps_prepared_statements_is_refused_behind_a_
         await engine.dispose()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", range(2))
+def test_instances_started_at_once_with_an_engine_that_keeps_statements_are_all_refused(
+    pooled: tuple[str, str], apps: list[App], round_: int
+) -> None:
+    """Three app processes started at once behind the pooler, each giving the
+    store its own engine left at the driver's defaults: every one of them
+    refuses to start, naming the fix, though their statements meet each other's
+    on the pooler's shared connections before the store's check can tell (2 of
+    3 used to start, then skip every tick as store_unavailable)."""
+    url, _ = pooled
+    fix = "prepare_threshold" if "psycopg" in url else "statement_cache_size"
+    apps.extend(App(url, JOBS=2, INTERVAL=0.5, APP_TABLES=0) for _ in range(3))
+    wait_until(lambda: all(app.proc.poll() is not None for app in apps), timeout=60)
+    for app in apps:
+        assert app.proc.returncode != 0, app.output()
+        assert "ConfigurationError" in app.output() and fix in app.output(), app.output()
+        assert "Application startup complete" not in app.output()
+
+
 async def test_an_app_engine_without_prepared_statements_is_used_behind_a_pooler(
     pooled: tuple[str, str],
 ) -> None:

@@ -1,0 +1,120 @@
+"""Whether the store answers this instance: `StoreHealth`.
+
+A store that fails now and then costs a tick here and there, each one skipped,
+counted and logged (fail closed). A store that fails every call is another
+matter: the app stays up and serves requests while no claimed job runs on it.
+The platform that runs the app must be able to see that (`Scheduler.health`,
+``health_router``), and the operator must read it at ERROR, once, not only as
+skip counts.
+
+Two kinds of calls are watched apart, each from its first failure after its
+last success: the claims (every due tick sends one) and the heartbeats (every
+``heartbeat`` seconds, due ticks or not). Either failing for longer than the
+store's lease is the store failing: by then a peer has taken over this
+instance's claims, and a run here could not keep its own. A configuration the
+store refuses (`ConfigurationError`: a pooler it cannot run behind) never
+mends by itself, so it counts as failing at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+import anyio
+
+from .._errors import ConfigurationError
+from .._status import ErrorInfo, Health
+
+__all__ = ["Call", "StoreHealth", "health_of"]
+
+Call = Literal["claims", "heartbeats"]
+"""The store's calls watched: claims (each due tick's) and heartbeats."""
+
+
+class StoreHealth:
+    """Whether ``Call``s to the store fail, and since when; says so once at
+    ERROR when they have failed for longer than ``lease``, and once when they
+    mend."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        lease: float,
+        now: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        self.logger = logger
+        self.lease = lease
+        self._now = now
+        self._since: dict[Call, float] = {}  # each call failing: since its first failure
+        self._refused: ConfigurationError | None = None  # a failure that never mends
+        self._told = False  # the ERROR line was written for the current failure
+        self.last_error: BaseException | None = None
+
+    def ok(self, call: Call) -> None:
+        """A call of this kind went through: it fails no more."""
+        if self._since.pop(call, None) is None:
+            return
+        if not self._since:
+            self._refused = None
+            if self._told:
+                self._told = False
+                self.logger.warning("the store answers again: claimed jobs run on this instance")
+
+    def failed(self, call: Call, error: BaseException) -> None:
+        """A call of this kind failed with ``error``."""
+        self._since.setdefault(call, self._now())
+        self.last_error = error
+        if isinstance(error, ConfigurationError):
+            self._refused = error
+        if not self._told and self.failing_for() is not None:
+            self._told = True
+            self.logger.error(
+                "the store has failed every %s for %.0fs (more than its lease, %gs): "
+                "no claimed job runs on this instance until it answers; the last error: %s",
+                self._longest(),
+                self._now() - min(self._since.values()),
+                self.lease,
+                error if isinstance(error, ConfigurationError) else repr(error),
+            )
+
+    def failing_for(self) -> float | None:
+        """How long the calls have failed, once that is too long (longer than
+        the lease, or at once for a refused configuration); else None."""
+        if not self._since:
+            return None
+        longest = self._now() - min(self._since.values())
+        if self._refused is not None or longest > self.lease:
+            return longest
+        return None
+
+    def _longest(self) -> str:
+        """The kind of call failing longest, as the ERROR line names it."""
+        call = min(self._since, key=self._since.__getitem__)
+        return "claim" if call == "claims" else "heartbeat"
+
+
+def health_of(running: bool, store: StoreHealth | None, lease: float | None) -> Health:
+    """The `Health` of a scheduler that runs or not, whose store (if it has one)
+    is ``store`` while it runs."""
+    if not running:
+        return Health(
+            ok=False,
+            status="not_running",
+            detail="the scheduler is not running: the app has not started it "
+            "(FastAPI(lifespan=scheduler.lifespan)), or it is stopping",
+            lease_s=lease,
+        )
+    failing = None if store is None else store.failing_for()
+    if store is None or failing is None:
+        return Health(ok=True, status="ok", detail="the scheduler runs", lease_s=lease)
+    error = "" if store.last_error is None else f" ({ErrorInfo.of(store.last_error).type})"
+    return Health(
+        ok=False,
+        status="store_failing",
+        detail=f"the store has failed every call for {failing:.0f}s{error}: no claimed job "
+        "runs on this instance; the log says why at ERROR",
+        store_failing_for_s=round(failing, 3),
+        lease_s=lease,
+    )
