@@ -281,7 +281,7 @@ class Dispatcher:
             pending = iter(won)
             if ahead:
                 assert not isinstance(fences, Exception)
-                self._not_yet(ahead, fences, sent)
+                self._not_yet(ahead, fences, sent, at)
             await _wake(pending, checkpoint)
         finally:
             # Cancelled (the scheduler stops): the runners not woken are free
@@ -290,16 +290,23 @@ class Dispatcher:
                 runner.free()
 
     def _not_yet(
-        self, runners: list[JobRunner], fences: Mapping[str, int | Exception], sent: float
+        self,
+        runners: list[JobRunner],
+        fences: Mapping[str, int | Exception],
+        sent: float,
+        at: float,
     ) -> None:
         """``runners``' claims were refused: their ticks are still in the future
         on the database's clock (it was stepped back, or this instance's reading
         of it was off). The clock takes the database's reading that came with
-        the refusal, and each job is placed again at its first tick after the
-        corrected time and after its last run here: the ticks the database
-        sees as already run (its clock going over them again) are all that a
-        step back of the database's clock loses, and a step forward of this
-        host's clock loses none to a wait for the tick it jumped to."""
+        the refusal, and each job is placed again: at the tick refused, if it
+        was the instant dispatched (``at``), whose ticks before it this
+        instance took already (each claimed here or elsewhere: the ticks the
+        database's clock goes over again are all that its step back loses); or,
+        if the timer woke late and went over ticks to reach it (this host's
+        clock stepped forward), at the first tick after the corrected time and
+        after the job's last run here, so none is lost to a wait for the tick
+        it jumped to."""
         claims = self._claims
         assert claims is not None
         refused = fences[runners[0].job.name]
@@ -320,7 +327,7 @@ class Dispatcher:
             bucket = self._buckets.get(placed)
             if bucket is not None and runner in bucket:
                 bucket.remove(runner)
-            self.add(runner, _first_after(runner, now, tick))
+            self.add(runner, tick if tick == at else _first_after(runner, now, tick))
 
     async def _reclaim_first(
         self, runners: list[JobRunner], checkpoint: Callable[[], Coroutine[Any, Any, None]]

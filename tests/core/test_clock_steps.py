@@ -297,3 +297,40 @@ async def test_a_database_clock_stepped_back_loses_only_the_ticks_it_had_run(
     # Each instance said what happened, once it learned it.
     said = [r.getMessage() for r in caplog.records if "ahead of its clock" in r.getMessage()]
     assert said, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.looptime
+async def test_a_database_clock_stepped_back_counts_no_tick_that_ran_as_claimed_elsewhere() -> None:
+    """The database's clock steps back 30 s while two instances share 12 jobs
+    every second, each tick run by whichever claims it. The instance that claimed
+    none of a job's latest ticks learns of the step at its next claim, refused as
+    ahead: it waits for the database to come back to that tick, as the other
+    one does. It used to go back to the tick after its own last run and claim
+    again each tick the other had run, counting every one as claimed elsewhere."""
+    database_clock = SteppingClock(START)
+    database = MemoryDatabase(database_clock)
+    clock = LoopClock(START)
+    runs: Counter[tuple[str, float]] = Counter()
+    instances = [Scheduler(clock=clock, store=MemoryStore(database, heartbeat=7)) for _ in "ab"]
+    for scheduler in instances:
+        for n in range(12):
+
+            @scheduler.every(seconds=1, name=f"job{n}")
+            async def job(ctx: JobContext) -> None:
+                runs[ctx.name, ctx.tick.timestamp()] += 1
+
+    async with AsyncExitStack() as stack:
+        for scheduler in instances:
+            await stack.enter_async_context(scheduler.running())
+        await anyio.sleep(20.5)
+        database_clock.step(-30)
+        await anyio.sleep(60)
+        statuses = [job for scheduler in instances for job in scheduler.status()]
+    assert max(runs.values()) == 1
+    elsewhere = sum(status.skipped.get("claimed_elsewhere", 0) for status in statuses)
+    # Each tick run on one instance is claimed elsewhere on the other, and no more.
+    assert elsewhere == sum(runs.values()), (elsewhere, sum(runs.values()))
+    for n in range(12):
+        ticks = sorted(tick for name, tick in runs if name == f"job{n}")
+        assert ticks == [ticks[0] + k for k in range(len(ticks))]  # none left out
+        assert ticks[-1] - START.timestamp() >= 50
