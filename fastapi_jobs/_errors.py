@@ -9,6 +9,7 @@ The hierarchy::
     ├── JobRunningError         asked to run a job that is already running
     ├── LeaseLostError          a run's claim was lost (taken over, or not renewed)
     ├── NotRunningError         asked to trigger a job while the scheduler is not running
+    ├── ScheduleChangedError    a stored schedule's tick claimed under a version since replaced
     ├── TooManySchedulesError   a schedule past the most the scheduler keeps (max_schedules)
     └── StoreError              the store cannot be used as configured
         └── UnconfirmedError    a change went to the store, whose answer did not come back
@@ -28,6 +29,7 @@ __all__ = [
     "LeaseLostError",
     "NameTakenError",
     "NotRunningError",
+    "ScheduleChangedError",
     "StoreError",
     "TickAheadError",
     "TooManySchedulesError",
@@ -133,6 +135,22 @@ class TickAheadError(FastAPIJobsError):
         """The tick asked for (POSIX seconds)."""
         self.db_time = db_time
         """The database's clock as it refused the claim (POSIX seconds)."""
+
+
+class ScheduleChangedError(FastAPIJobsError):
+    """A store's answer to the claim of a stored schedule's tick made under a
+    version of the schedule that the store no longer has (changed or removed on
+    another instance since this one read it; its value in `Store.claim`'s
+    result): nothing was claimed. The scheduler reads the change at once, and
+    runs the tick under the new version if the change kept it."""
+
+    def __init__(self, tick: float) -> None:
+        super().__init__(
+            f"its schedule changed since this instance read it: the tick {_instant(tick)} "
+            "is not claimed under the old version"
+        )
+        self.tick = tick
+        """The tick asked for (POSIX seconds)."""
 
 
 class UnconfirmedError(StoreError):

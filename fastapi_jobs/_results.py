@@ -38,7 +38,13 @@ Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 """How a run ended. ``cancelled``: cut by shutdown (or by a lost lease)."""
 
 SkipReason = Literal[
-    "overlap", "missed", "claimed_elsewhere", "store_unavailable", "paused", "ahead_of_database"
+    "overlap",
+    "missed",
+    "claimed_elsewhere",
+    "store_unavailable",
+    "paused",
+    "ahead_of_database",
+    "schedule_changed",
 ]
 """Why a tick did not run here: ``overlap``, the previous run was still going
 (or its thread, or the previous tick's claim was still on its way to the store);
@@ -48,8 +54,11 @@ the tick (or still holds the previous one); ``store_unavailable``, the store
 could not be reached, so the tick was skipped (fail closed); ``paused``, the
 job was paused; ``ahead_of_database``, the tick, kept to run after the run
 before it, was not yet due on the database's clock (stepped back) when it was
-claimed. A tick due at its instant that the database finds early is not
-skipped: it waits for the database's clock."""
+claimed; ``schedule_changed``, a stored schedule's tick was taken under a
+version the store no longer has (changed or removed elsewhere, or here as its
+claim went out), and the change did not keep it (no tick of the new version
+at that instant, or the schedule removed). A tick due at its instant that the
+database finds early is not skipped: it waits for the database's clock."""
 
 
 class RunEnd(NamedTuple):

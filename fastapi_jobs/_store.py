@@ -151,7 +151,11 @@ class Store(Protocol):
         others went through. A `TickAheadError` says the tick is still in the
         future on the database's clock (and what that clock read): the
         scheduler takes the reading and claims the tick again when it is due;
-        a store that cannot tell leaves the job missing. Raises when the store
+        a store that cannot tell leaves the job missing. A
+        `ScheduleChangedError` says a stored schedule's tick was asked under a
+        version (``versions``) its row no longer has: the scheduler reads the
+        change at once; a store that cannot tell leaves the job missing (the
+        tick is then counted as claimed elsewhere). Raises when the store
         cannot be reached at all.
         """
 

@@ -1,6 +1,7 @@
 """What the answer to a batch of claims does to its jobs' runners: the
 winners get their fence (the dispatcher wakes them), the others are freed and
-their ticks counted as skipped, with why (`JobRunner.lost`: held elsewhere)."""
+their ticks counted as skipped, with why (`JobRunner.lost`: held elsewhere;
+`JobRunner.changed_under`: the stored schedule changed, its tick handed on)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator, Mapping
 
 import anyio
 
-from .._errors import TickAheadError
+from .._errors import ScheduleChangedError, TickAheadError
 from .reclaims import Reclaims
 from .runner import JobRunner
 
@@ -52,6 +53,8 @@ def apply_answers(
         elif isinstance(fence, TickAheadError):
             runner.free()
             ahead.append(runner)
+        elif isinstance(fence, ScheduleChangedError):
+            runner.changed_under()
         else:
             runner.free()
             runner.skipped("store_unavailable", runner.due)

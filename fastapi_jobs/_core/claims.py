@@ -32,7 +32,7 @@ import math
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from hashlib import blake2b
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -40,6 +40,9 @@ from .._errors import StoreError, TickAheadError, short
 from .._store import FUTURE_MARGIN, Capabilities, Ended, Store
 from .health import StoreHealth
 from .heartbeat import Heartbeat
+
+if TYPE_CHECKING:
+    from .runner import JobRunner
 
 __all__ = ["Claims"]
 
@@ -89,11 +92,28 @@ class Claims:
         of the database's clock corrects its clock (`heard`)."""
         self.health: StoreHealth | None = None
         """Told whether each claim went through (set once it runs)."""
+        self.changed: dict[str, float] = {}
+        """The stored schedules whose latest tick was refused under the version
+        this instance runs (`changed_under`), with that tick: the runner of the
+        new version, once read, takes it (``_dynamic.jobs``)."""
         self._ended: list[Ended] = []  # gathered, not yet sent
         self._unreleased: dict[str, Ended] = {}  # sent, failed: sent again
         self._wanted: anyio.Event | None = None  # set when a release is gathered
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
+
+    def changed_under(self, runner: JobRunner, tick: float) -> None:
+        """``runner``'s claim of ``tick`` was refused for its version: the store
+        has another (changed, or removed). Kept for the runner of the new
+        version, and the change read now, by an early heartbeat, not at the
+        next one. An older tick still kept (the change not read since) is
+        skipped: only the latest is run late."""
+        older = self.changed.get(runner.job.name)
+        self.changed[runner.job.name] = tick
+        if older is not None:
+            runner.changed_away(older, "a later tick of it was refused too")
+        if self.heartbeat is not None:
+            self.heartbeat.soon()
 
     def reading(self) -> float:
         """The local clock's reading that the offset to the database's is

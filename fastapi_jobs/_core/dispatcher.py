@@ -159,6 +159,17 @@ class Dispatcher:
                     self.kick()
                 seen = now
 
+    def claim_now(self, runner: JobRunner, tick: float) -> None:
+        """Claim ``tick`` for ``runner`` now, alone (a tick its predecessor took
+        as the job's schedule changed: `JobRunner.handed`), and run it if won.
+        The job's own next tick stays where it is."""
+        tg = self._tg
+        if tg is None:  # stopped meanwhile
+            runner.changed_away(tick, "the scheduler is stopping")
+            return
+        runner.take(tick)
+        tg.start_soon(self._claim_then_wake, [runner], backend().checkpoint)
+
     def kick(self) -> None:
         """The clock's offset changed: sleep again, for the earliest instant as
         the clock now reads it (the instants due meanwhile run at once)."""

@@ -92,14 +92,25 @@ class Heartbeat:
         name: each under the store's timeout, a failure logged."""
         self._measured = False
         self._estimate = OffsetEstimate()
+        self._soon: anyio.Event | None = None  # set to beat before the interval ends
 
     async def run(self) -> None:
         """The heartbeat's task: beats until cancelled, and prunes the run history."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._prune_now_and_then)
+            soon = self._soon = anyio.Event()
             while True:
-                await anyio.sleep(self.store.heartbeat)
+                with anyio.move_on_after(self.store.heartbeat):
+                    await soon.wait()
+                soon = self._soon = anyio.Event()  # before the beat: asked during it, again
                 await self.beat()
+
+    def soon(self) -> None:
+        """Beat now (and read what each beat reads), not at the end of the
+        interval: a claim found a stored schedule changed. Asked again while a
+        beat goes, it beats once more right after."""
+        if self._soon is not None:
+            self._soon.set()
 
     async def _prune_now_and_then(self) -> None:
         """Prunes at once, then every PRUNE_EVERY, beside the beats (a slow prune

@@ -34,15 +34,27 @@ class Pauses:
     def __init__(self, parts: Parts) -> None:
         self._parts = parts
         self._versions: dict[str, int] = {}
+        self._read: dict[str, tuple[float, int]] = {}
+        """The store's pauses as last read (by job name): a job made anew under
+        a name takes its row at once, not at the next reading."""
 
     def forget(self) -> None:
         """A start: the store's pauses are not known until it is read again."""
         self._versions.clear()
+        self._read.clear()
 
-    def forget_one(self, name: str) -> None:
-        """A job made anew under ``name`` (a schedule made at run time): the
-        store's next reading of its pause applies to it."""
+    def made_anew(self, runner: JobRunner) -> None:
+        """A job made anew (a schedule made at run time, under a name that may
+        have been removed and paused before): the store's pause of its name,
+        as last read, applies to it now, and the next reading after that. A
+        pause outlives its schedule's removal, so the job would otherwise show
+        unpaused (and count its ticks as claimed elsewhere) until the next
+        heartbeat."""
+        name = runner.job.name
         self._versions.pop(name, None)
+        row = self._read.get(name)
+        if row is not None:
+            self._apply_one(runner, *row)
 
     async def pause(self, name: str, until: datetime | None) -> PauseState:
         runner = self._parts.runner(name)
@@ -121,6 +133,7 @@ class Pauses:
         runners = self._parts.runners
         for runner in runners.values():
             runner.pause_read()  # the first reading since the start: now known
+        self._read.update(pauses)
         for name, (until, version) in pauses.items():
             listed = runners.get(name)
             if listed is not None:

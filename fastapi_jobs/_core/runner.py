@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from .._clock import Clock, as_datetime
-from .._errors import TickAheadError
+from .._errors import ScheduleChangedError, TickAheadError
 from .._job import Job
 from .._policies import Jittered
 from .._redaction import error_text
@@ -76,6 +76,8 @@ class Dispatching(Protocol):
     """What a job's task needs of the dispatcher (``_core.dispatcher.Dispatcher``)."""
 
     def add(self, runner: JobRunner, tick: float) -> None: ...
+
+    def claim_now(self, runner: JobRunner, tick: float) -> None: ...
 
 
 class Spawning(Protocol):
@@ -130,6 +132,7 @@ class JobRunner:
         "retired",
         "stats",
         "stopping",
+        "successor",
         "thread_done",
         "woken",
     )
@@ -167,7 +170,12 @@ class JobRunner:
         self.grid_us = 0.0
         self.retired = False
         """Replaced by a runner of the job's changed schedule (made at run time),
-        which took over its stats: it ends after its run in flight."""
+        which took over its stats, or its schedule removed: it ends after its
+        run in flight."""
+        self.successor: JobRunner | None = None
+        """The runner of the job's changed schedule that replaced this one: a
+        tick taken here before the change is its to run, if the change kept it
+        (`hand_over`)."""
         self.stopping = self.woken = False
         self.in_flight = False
         """A tick is taken for this job (claiming, woken or running): `take`."""
@@ -257,6 +265,7 @@ class JobRunner:
             # Else the new spec's own default holds (``paused=`` changed).
             self.paused_until, self.pause_unknown = old.paused_until, old.pause_unknown
         old.retired = True  # its stats are this runner's from now on
+        old.successor = self
         old.stop()  # after its run in flight
 
     # -- its pause ---------------------------------------------------------------
@@ -380,7 +389,10 @@ class JobRunner:
         have gone out as the change was applied here, without the version that
         would have made the store refuse it; the tick is given back unrun."""
         if self.stopping and (self.fence is None or not self._serving or self.retired):
-            self.free()
+            if self.retired and self.fence is not None:
+                self._hand_over()
+            else:
+                self.free()
             return
         self.woken = True
         gate = self._gate
@@ -419,6 +431,93 @@ class JobRunner:
             self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
         if cancel and self.stopping and self._handle is not None:
             self._handle.cancel()
+
+    def changed_under(self) -> None:
+        """The tick taken was refused: the store has another version of the
+        job's schedule (changed, or removed, on another instance since this one
+        read it). Freed; the change is read at once, and the runner of its new
+        version runs the tick if the change kept it (`handed`)."""
+        tick, successor = self.due, self.successor
+        self.free()
+        if successor is not None:  # the change is read here already
+            successor.handed(tick, None)
+            return
+        assert self._claims is not None
+        self._claims.changed_under(self, tick)
+        self.logger.info(
+            "job %r: its schedule changed since this instance read it, so its tick %s "
+            "was not claimed under the old version; reading the change now",
+            self.job.name,
+            as_datetime(tick).isoformat(),
+            extra={"job": self.job.name},
+        )
+
+    def _hand_over(self) -> None:
+        """Retired with a claim made before the change and not run (woken after
+        it): the claim goes to the successor, if any, to run under the new
+        version; else it is released unrun."""
+        successor, fence, tick = self.successor, self.fence, self.due
+        if successor is None or fence is None:
+            self.free()
+            if successor is None:
+                self.changed_away(tick, "the schedule was removed")
+            return
+        self.fence, self.in_flight, self.woken = None, False, False
+        successor.handed(tick, fence, self.claimed_at)
+
+    def handed(self, tick: float, fence: int | None, claimed_at: float = 0.0) -> None:
+        """``tick``, taken by the runner this one replaced (the job's schedule
+        changed as it went), is this runner's: run here under the new version if
+        the change kept it (a tick of this schedule, and no later one due), with
+        ``fence`` if its claim was made, else claimed now; otherwise counted as
+        skipped (``schedule_changed``) and its claim, if made, released unrun."""
+        tasks = self._tasks
+        why = "the job is busy" if self.in_flight or self.stopping else self._drops(tick)
+        if tasks is not None and why is None:
+            self.logger.info(
+                "job %r: tick %s runs under the schedule's new version",
+                self.job.name,
+                as_datetime(tick).isoformat(),
+                extra={"job": self.job.name},
+            )
+            if fence is None:
+                tasks.dispatcher.claim_now(self, tick)
+                return
+            self.take(tick)
+            self.claimed(fence, claimed_at)
+            self.wake()
+            return
+        if fence is not None:
+            assert self._claims is not None
+            self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
+        self.changed_away(tick, why or "the scheduler is stopping")
+
+    def changed_away(self, tick: float, why: str) -> None:
+        """``tick``, taken under a version of the job's stored schedule that
+        changed under it, does not run (``why``): counted, and said."""
+        self.skipped("schedule_changed", tick)
+        self.logger.info(
+            "job %r: tick %s was not run: its schedule changed, and %s",
+            self.job.name,
+            as_datetime(tick).isoformat(),
+            why,
+            extra={"job": self.job.name},
+        )
+
+    def _drops(self, tick: float) -> str | None:
+        """Why the change does not keep ``tick``: it is no tick of this runner's
+        schedule, or a later one of it is due already; None if it keeps it."""
+        try:
+            latest = self.job.schedule.last_at_or_before(max(tick, self.clock.now()))
+        except Exception:  # noqa: BLE001 - a schedule of the user's (or without that method)
+            return "its new version cannot say"
+        if latest == tick:
+            return None
+        return (
+            "a later tick of its new version is due"
+            if latest > tick
+            else "its new version has no tick then"
+        )
 
     def hold_over(self, tick: float) -> bool:
         """``tick`` came while the job is busy: keep it to run after the run in
@@ -786,6 +885,8 @@ class JobRunner:
         elif isinstance(fence, TickAheadError):
             claims.heard(fence, sent, [self.job.name])
             self.skipped("ahead_of_database", tick)
+        elif isinstance(fence, ScheduleChangedError):
+            self.changed_under()
         else:
             self.skipped("store_unavailable", tick)  # logged by claim()
 

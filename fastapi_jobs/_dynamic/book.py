@@ -92,7 +92,7 @@ class ScheduleBook(ScheduleChanges):
         """By name: the function, and whether it takes the run's context."""
         self.schedules: dict[str, StoredSchedule] = {}
         """Every stored schedule this instance knows of, run here or not."""
-        self._jobs = StoredJobs(parts, current, pauses.forget_one)  # of the ones run here
+        self._jobs = StoredJobs(parts, current, pauses.made_anew)  # of the ones run here
         self._seen = 0  # the highest version read from the store
         self._read_at = 0  # when the last read of the changes began (µs, database's time)
         self._told: set[tuple[str, int]] = set()  # schedules left alone, logged once

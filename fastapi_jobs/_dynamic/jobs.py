@@ -27,11 +27,11 @@ class StoredJobs:
     """The runners of the stored schedules run here, by name."""
 
     def __init__(
-        self, parts: Parts, current: CurrentRun, forget_pause: Callable[[str], None]
+        self, parts: Parts, current: CurrentRun, made_anew: Callable[[JobRunner], None]
     ) -> None:
         self._parts = parts
         self._current = current
-        self._forget_pause = forget_pause
+        self._made_anew = made_anew
         self._runners: dict[str, JobRunner] = {}
 
     def runs(self, name: str) -> bool:
@@ -55,7 +55,7 @@ class StoredJobs:
         )
         old = self._runners.get(job.name)
         if old is None:
-            self._forget_pause(job.name)  # the store's pause of the name applies anew
+            self._made_anew(runner)  # the store's pause of the name applies anew
         else:
             # The schedule's job goes on, under its new spec: its counts, its
             # history and its pause are the same job's (the old ends after its run).
@@ -70,6 +70,18 @@ class StoredJobs:
         running = self._current.running
         if running is not None:
             running.adopt(runner)
+            refused = self._refused(job.name)
+            if refused is not None:
+                # Its tick refused under the old version (the change was made
+                # elsewhere): the new version's, if the change kept it.
+                runner.handed(refused, None)
+
+    def _refused(self, name: str) -> float | None:
+        """The tick of ``name`` whose claim the store refused under the version
+        run here before (`Claims.changed`), if one waits for the new version."""
+        running = self._current.running
+        claims = None if running is None else running.claims
+        return None if claims is None else claims.changed.pop(name, None)
 
     def retire(self, name: str) -> None:
         """Run the schedule ``name`` here no more (after its run in flight)."""
@@ -81,6 +93,9 @@ class StoredJobs:
         # A tick it takes from now on, or whose claim is on its way, does not run.
         old.retired = True
         old.stop()  # after its run in flight
+        refused = self._refused(name)
+        if refused is not None:
+            old.changed_away(refused, "it is not run here any more")
         running = self._current.running
         if running is not None:
             running.let_go()

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._errors import TickAheadError
+from .._errors import ScheduleChangedError, TickAheadError
 from ._db_clock import sqlite_now
 from ._operations import transaction
 
@@ -266,9 +266,13 @@ async def claim_all(
             # RETURNING job, fence: the drivers give the BIGINT as an int.
             fences.update(cast("list[tuple[str, int]]", records))
         else:
-            records, db_time = clocked(records, conn.dialect.name)
-            fences.update(cast("list[tuple[str, int]]", records))
+            made, db_time = clocked(records, conn.dialect.name)
+            answers = cast("list[tuple[str, int | None]]", made)
+            # A NULL fence: refused for its schedule's version (PostgreSQL's `changed`).
+            fences.update((job, fence) for job, fence in answers if fence is not None)
             ahead(rows, fences, db_time, cast("float", params["b_early"]))
+            changed = [job for job, fence in answers if fence is None]
+            await _changed(batches, rows, changed, fences, conn)
         for row in rows:
             asked.pop(row[0], None)  # answered: claimed, or not (held, an older tick)
 
@@ -286,6 +290,29 @@ def clocked(records: Sequence[Any], dialect: str) -> tuple[Sequence[Any], float]
     made = [record[:-1] for record in records if record[0] is not None]
     db_time = next(record[-1] for record in records if record[0] is None)
     return made, float(db_time)
+
+
+async def _changed(
+    batches: Compiled,
+    rows: Sequence[tuple[Any, ...]],
+    changed: list[str],
+    fences: dict[str, int | Exception],
+    conn: AsyncConnection,
+) -> None:
+    """Tell the rows of ``rows`` refused for their stored schedule's version:
+    `ScheduleChangedError` in ``fences``. PostgreSQL's claim returned them
+    (``changed``, by job); on SQLite, whose claim returns only what it made, a
+    read of the versions of the stored schedules' rows left unclaimed says
+    which (a statement more, only when one of them is left unclaimed)."""
+    if conn.dialect.name != "postgresql":
+        unclaimed = [row for row in rows if len(row) > 2 and row[0] not in fences]
+        if unclaimed:
+            result = await batches.execute(conn, "claim_changed", {"b_rows": encode(unclaimed)})
+            changed = [row[0] for row in result.all()]
+    if changed:
+        ticks = {row[0]: row[1] for row in rows}
+        for job in changed:
+            fences[job] = ScheduleChangedError(float(ticks[job]))
 
 
 def ahead(

@@ -13,7 +13,16 @@ from .._store import REPLACED_BY
 from ._batches import rows_cte
 from ._db_clock import db_now, db_received
 
-__all__ = ["RUN_COLUMNS", "claim", "claim_instant", "reclaim", "replaced_runs", "with_clock"]
+__all__ = [
+    "RUN_COLUMNS",
+    "changed",
+    "claim",
+    "claim_instant",
+    "reclaim",
+    "replaced_runs",
+    "wanted_rows",
+    "with_clock",
+]
 
 Insert = Callable[[sa.Table], Any]
 """The dialect's ``insert()``, which has ``ON CONFLICT``."""
@@ -29,8 +38,10 @@ def claim(
     manual: bool = False,
     take_over: bool = False,
     released_only: bool = False,
+    wanted: Any = None,
 ) -> Any:
-    """The claim of many jobs in one statement (rows as in ``rows_cte``). A paused
+    """The claim of many jobs in one statement (rows as in ``rows_cte``; or
+    ``wanted``, that CTE, shared with `changed`). A paused
     job's tick is not claimed, unless ``manual`` (an operator asked for the run);
     with ``schedules``, see `_current`. ``take_over``: the jobs' overlap policy is
     ``replace``, and a lease still held does not stop the claim (`replaced_runs`
@@ -39,7 +50,7 @@ def claim(
     once its lease is over (see `_taken_over`)."""
     c, now = claims, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
-    wanted = _wanted(dialect)
+    wanted = wanted_rows(dialect) if wanted is None else wanted
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -85,7 +96,21 @@ def claim_instant(instants: sa.Table, insert: Insert) -> Any:
     ).returning(i.c.key)
 
 
-def with_clock(returning: Any) -> Any:
+def changed(schedules: sa.Table, wanted: Any) -> Any:
+    """The rows of ``wanted`` (the claim's CTE) that `_current` refuses for their
+    version: a stored schedule's tick asked under a version its row no longer
+    has (changed, or removed, since the claimer read it). Returned beside the
+    claims, each as ``(job, NULL)``, so that the claimer is told the true reason
+    and reads the change at once, rather than taking the tick as claimed
+    elsewhere."""
+    s = schedules
+    return sa.select(wanted.c.job, sa.cast(sa.null(), sa.BigInteger)).where(
+        wanted.c.version.is_not(None),
+        sa.exists().where(s.c.name == wanted.c.job, s.c.version != wanted.c.version),
+    )
+
+
+def with_clock(returning: Any, also: Any = None) -> Any:
     """``returning`` (a claim with RETURNING) as a data-modifying CTE (PostgreSQL)
     whose rows get one column more, NULL, and which returns one row more: all
     NULL but that column, the database's clock as the statement ran.
@@ -99,10 +124,16 @@ def with_clock(returning: Any) -> Any:
     made = returning.cte("made")
     clock = sa.cast(sa.null(), sa.Double)
     nothing = [sa.null() for _ in made.c]
-    return sa.select(*made.c, clock).union_all(sa.select(*nothing, db_now()))
+    parts = [sa.select(*made.c, clock), sa.select(*nothing, db_now())]
+    if also is not None:
+        # Rows of another kind (`changed`'s), told apart by a NULL fence.
+        parts.append(also.add_columns(clock))
+    return sa.union_all(*parts)
 
 
-def _wanted(dialect: str) -> Any:
+def wanted_rows(dialect: str) -> Any:
+    """The CTE of a claim's rows: ``(job, tick, version)``, the version only for
+    a stored schedule's."""
     return rows_cte(
         "wanted", {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}, dialect
     )
@@ -158,7 +189,7 @@ def replaced_runs(
     PostgreSQL the claims' rows are locked, so a release that comes between the
     two is waited for, and its run is not recorded twice."""
     c, now = claims, db_now()
-    wanted = _wanted(dialect)
+    wanted = wanted_rows(dialect)
     held = (
         sa.select(
             c.c.job,

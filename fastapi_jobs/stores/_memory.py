@@ -34,6 +34,7 @@ import anyio.lowlevel
 from .._clock import Clock, SystemClock, as_datetime
 from .._errors import (
     ConfigurationError,
+    ScheduleChangedError,
     StoreError,
     TickAheadError,
     TooManySchedulesError,
@@ -227,9 +228,12 @@ class MemoryStore:
             if tick > now + FUTURE_MARGIN:
                 fences[job] = TickAheadError(tick, now)
                 continue
-            if not manual and self._paused(job, now):
+            version = None if versions is None else versions.get(job)
+            if not self._current(job, version):
+                if version is not None:
+                    fences[job] = ScheduleChangedError(tick)
                 continue
-            if not self._current(job, None if versions is None else versions.get(job)):
+            if not manual and self._paused(job, now):
                 continue
             row = self.database.claims.get(job)
             if row is None:

@@ -20,10 +20,12 @@ from .._store import Ended
 from ._batches import Compiled, rows_cte
 from ._claim_statements import (
     RUN_COLUMNS,
+    changed,
     claim,
     claim_instant,
     reclaim,
     replaced_runs,
+    wanted_rows,
     with_clock,
 )
 from ._db_clock import db_now
@@ -111,14 +113,21 @@ class Statements:
         if kind in CLOCKED:
             if kind == "claim_instant":
                 made = claim_instant(t.instants, self._insert)
-            else:
-                made = claim(
-                    *(t.claims, t.pauses, self._insert, self.dialect, schedules),
-                    manual=kind == "claim_manual",
-                    take_over=kind == "claim_replace",
-                    released_only=kind == "claim_handoff",
-                )
-            return with_clock(made) if self.dialect == "postgresql" else made
+                return with_clock(made) if self.dialect == "postgresql" else made
+            wanted = wanted_rows(self.dialect)
+            made = claim(
+                *(t.claims, t.pauses, self._insert, self.dialect, schedules),
+                manual=kind == "claim_manual",
+                take_over=kind == "claim_replace",
+                released_only=kind == "claim_handoff",
+                wanted=wanted,
+            )
+            if self.dialect != "postgresql":
+                return made  # its refusals for a version: `claim_changed`, after it
+            return with_clock(made, None if schedules is None else changed(schedules, wanted))
+        if kind == "claim_changed":
+            assert schedules is not None
+            return changed(schedules, wanted_rows(self.dialect))
         if kind == "replaced_runs":
             return replaced_runs(t.claims, t.pauses, t.runs, self.dialect, schedules)
         if kind == "reclaim":

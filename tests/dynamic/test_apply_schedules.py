@@ -244,27 +244,89 @@ class HeldClaims(MemoryStore):
         return await super().claim(*args, **kwargs)
 
 
-@pytest.mark.parametrize("change", ["removed", "changed"])
-async def test_a_tick_whose_claim_was_on_its_way_as_its_schedule_changed_does_not_run(
+def _report(tenant: str, every: float = 10) -> list[ScheduleSpec]:
+    """The one schedule "report-a", reporting for ``tenant``."""
+    return [ScheduleSpec("report-a", "report", Every(seconds=every), kwargs={"tenant": tenant})]
+
+
+CHANGES = {
+    "removed": [],
+    "ticks moved": _report("a", every=30),
+    "ticks kept": _report("b"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+async def test_a_tick_whose_claim_was_on_its_way_as_its_schedule_changed_runs_only_if_kept(
     change: str,
 ) -> None:
-    """The claim of a tick goes out; the set is applied (the schedule removed, or
-    changed) before it is made: the claim no longer carries the old version, yet
-    no run starts after the apply returned, under the old spec."""
+    """The claim of a tick goes out; the set is applied before it is made: no
+    run starts after the apply returned under the old spec. A change that keeps
+    the tick runs it once under the new version; one that moves its ticks, or
+    removes it, counts it skipped as schedule_changed."""
     clock = LoopClock(START)
     store = HeldClaims(MemoryDatabase(clock))
     ran: Ran = []
     scheduler = with_report(ran, Scheduler(clock=clock, store=store))
     async with scheduler.running():
-        await scheduler.apply_schedules("g", tenants(["a"], every=10))
+        await scheduler.apply_schedules("g", _report("a"))
         await anyio.sleep(15)  # tick 10 runs: the job's task serves
         store.hold = anyio.Event()
         await anyio.sleep(5.5)  # the claim of tick 20 is on its way
-        later = tenants(["a"], every=30) if change == "changed" else []
-        await scheduler.apply_schedules("g", later)
+        await scheduler.apply_schedules("g", CHANGES[change])
         store.hold.set()
         await anyio.sleep(1)
-    assert ran == [("report-a", "a", 10.0)]
+        skipped = scheduler.job_status("report-a").skipped if change != "removed" else None
+    if change == "ticks kept":
+        assert ran == [("report-a", "a", 10.0), ("report-a", "b", 20.0)]
+        assert skipped == {}
+    else:
+        assert ran == [("report-a", "a", 10.0)]
+        assert skipped in (None, {"schedule_changed": 1})
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+async def test_a_change_made_elsewhere_under_a_tick_is_told_and_the_tick_kept_runs_once(
+    change: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A third instance changes the schedule just before its tick, while the two
+    that run it have not read the change (their heartbeat is a minute away):
+    both claim the tick under the old version and are refused. Each reads the
+    change at once; a change that keeps the tick runs it once, under the new
+    version, and the instance that did not run it counts it claimed elsewhere;
+    one that moves its ticks (or removes it) is counted schedule_changed on
+    each, and said. No instance counts the tick claimed elsewhere when nobody
+    ran it."""
+    caplog.set_level(logging.INFO, "fastapi_jobs")
+    clock = LoopClock(START)
+    database = MemoryDatabase(clock)
+    ran: Ran = []
+    a, b = (
+        with_report(ran, Scheduler(clock=clock, store=MemoryStore(database, heartbeat=60)))
+        for _ in range(2)
+    )
+    editor = with_report([], Scheduler(clock=clock, store=MemoryStore(database, heartbeat=60)))
+    async with editor.running(ticking=False):
+        await editor.apply_schedules("g", _report("a"))
+        async with a.running(), b.running():  # each reads it as it starts
+            await anyio.sleep(19.5)  # tick 10 runs
+            await editor.apply_schedules("g", CHANGES[change])
+            await anyio.sleep(5)
+            skipped = [s.job_status("report-a").skipped for s in (a, b) if "report-a" in s.jobs]
+    assert [(tenant, at) for _, tenant, at in ran if at < 20] == [("a", 10.0)]
+    at_20 = [(tenant, at) for _, tenant, at in ran if at == 20]
+    elsewhere = sum(s.get("claimed_elsewhere", 0) for s in skipped)
+    if change == "ticks kept":
+        assert at_20 == [("b", 20.0)]
+        # Each run was claimed elsewhere by the other instance, and nothing else.
+        assert elsewhere == len(ran) and all(set(s) <= {"claimed_elsewhere"} for s in skipped)
+        assert "runs under the schedule's new version" in caplog.text
+    else:
+        assert at_20 == []
+        if change == "ticks moved":
+            assert [s.get("schedule_changed") for s in skipped] == [1, 1], skipped
+            assert elsewhere == len(ran)  # tick 10's, once: none for tick 20
+        assert "its schedule changed since this instance read it" in caplog.text
 
 
 async def test_python_errors_name_the_place_and_hide_the_values() -> None:
@@ -281,3 +343,32 @@ async def test_python_errors_name_the_place_and_hide_the_values() -> None:
         for wrong in (None, "report-a", {"a": 1}):
             with pytest.raises(ConfigurationError, match="give a list of ScheduleSpec"):
                 await scheduler.apply_schedules("g", wrong)  # type: ignore[arg-type]
+
+
+async def test_a_schedule_made_again_under_a_paused_name_shows_the_pause_at_once() -> None:
+    """A paused schedule is removed by a set and made again by the next: the
+    store's pause of its name still holds, and the job says so at once, on the
+    instance that applied the set and on the one that read it (not only after
+    the next heartbeat), and skips its ticks as paused, not claimed elsewhere."""
+    clock = LoopClock(START)
+    database = MemoryDatabase(clock)
+    a, b = (
+        with_report([], Scheduler(clock=clock, store=MemoryStore(database, heartbeat=30)))
+        for _ in range(2)
+    )
+    async with a.running(), b.running():
+        await a.apply_schedules("g", _report("a"))
+        await a.pause("report-a")
+        await anyio.sleep(31)  # b reads the schedule and its pause
+        assert b.job_status("report-a").paused
+        await a.apply_schedules("g", [])
+        await anyio.sleep(30)  # b reads the removal
+        assert "report-a" not in b.jobs
+        await a.apply_schedules("g", _report("a"))
+        assert a.job_status("report-a").paused
+        await anyio.sleep(30.5)  # b reads it made again, at 91.5: its tick 90 was due before
+        assert b.job_status("report-a").paused
+        await anyio.sleep(20)  # ticks 100 and 110
+        skipped = [s.job_status("report-a").skipped for s in (a, b)]
+    # a made it again at 61: its ticks 70 to 110; b from 91.5: 100 and 110.
+    assert skipped == [{"paused": 5}, {"paused": 2}], skipped

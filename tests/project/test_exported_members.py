@@ -25,6 +25,7 @@ def test_exported_members() -> None:
         "Cron",
         "ErrorInfo",
         "Health",
+        "ScheduleChangedError",
         "Every",
         "FastAPIJobsError",
         "InstanceStatus",

@@ -23,6 +23,7 @@ from fastapi_jobs import (
     Every,
     JobContext,
     JobNotFoundError,
+    ScheduleChangedError,
     Scheduler,
     StoreError,
 )
@@ -39,24 +40,39 @@ HEARTBEAT = 0.2
 # -- the table and the claim's check -------------------------------------------
 
 
+def _changed(answer: object, tick: float) -> bool:
+    """Whether a claim's answer says its schedule changed under ``tick``."""
+    return (
+        isinstance(answer, dict)
+        and list(answer) == ["s"]
+        and isinstance(answer["s"], ScheduleChangedError)
+        and answer["s"].tick == tick
+    )
+
+
 async def test_a_stored_schedules_tick_is_claimed_only_under_its_version(
     database_url: str,
 ) -> None:
+    """A stored schedule's tick is claimed only under the version its row has;
+    one asked under another (changed or removed since) is answered
+    ScheduleChangedError, not left out as if claimed elsewhere."""
     async with opened(database_url) as (store, _):
         row = await store.schedules.create("s", "report", '{"x":1}')
         assert row is not None and not row.removed and row.version > 0
         assert await store.schedules.create("s", "report", "{}") is None  # taken
         v1 = row.version
-        assert await store.claim([("s", 10.0)], versions={"s": v1 + 1}) == {}
+        assert _changed(await store.claim([("s", 10.0)], versions={"s": v1 + 1}), 10.0)
         assert set(await store.claim([("s", 10.0)], versions={"s": v1})) == {"s"}
         changed = await store.schedules.change("s", "report", '{"x":2}', v1)
         assert changed is not None and changed.version > v1
         assert await store.schedules.change("s", "report", "{}", v1) is None  # moved on
-        assert await store.claim([("s", 20.0)], versions={"s": v1}) == {}  # the old spec
+        # Under the row's version, a tick not newer than the last is no answer (held).
+        assert await store.claim([("s", 10.0)], versions={"s": changed.version}) == {}
+        assert _changed(await store.claim([("s", 20.0)], versions={"s": v1}), 20.0)  # the old spec
         removed = await store.schedules.remove("s")
         assert removed is not None and removed.removed and removed.version > changed.version
         assert await store.schedules.remove("s") is None
-        assert await store.claim([("s", 30.0)], versions={"s": changed.version}) == {}
+        assert _changed(await store.claim([("s", 30.0)], versions={"s": changed.version}), 30.0)
         # Made again under the same name: its version goes on growing.
         again = await store.schedules.create("s", "other", "{}")
         assert again is not None and again.version > removed.version and again.task == "other"
