@@ -225,8 +225,8 @@ def test_every_install_command_installs_this_project() -> None:
         assert found is not None, f"{where}: pip install {target}"
         plain = found.group(1)
         path, _, wanted = plain.partition("[")
-        # "path/to/clone": the tutorial's installs from outside the clone.
-        ours = path in (".", "./", "path/to/clone", NAME) or re.fullmatch(
+        # "../fastapi_jobs", "path/to/clone": installs from outside the clone.
+        ours = path in (".", "./", "../fastapi_jobs", "path/to/clone", NAME) or re.fullmatch(
             r"\S*/fastapi_scheduled_jobs-\S+\.whl", path
         )
         # The tutorial's test tools: named for what they are, not for this project.

@@ -1,7 +1,8 @@
 """The tutorial (docs/tutorial.md), done as a newcomer does it: every command on the
 page typed as written, in a fresh folder outside the checkout, in a virtual
-environment the page makes, with the package installed by its name from a wheel of
-this checkout. A step that fails, or does not do what the page says it does, fails.
+environment the page makes, with the package installed from the clone beside that
+folder (this checkout). A step that fails, or does not do what the page says it
+does, fails.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -35,33 +35,18 @@ def hellos(log: str) -> list[tuple[int, datetime]]:
 @pytest.fixture
 def newcomer(tmp_path: Path) -> Iterator[Terminal]:
     """A terminal in an empty folder outside the checkout, with no environment of
-    the suite's, and the checkout's wheel where pip looks for packages."""
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            str(ROOT),
-            "-w",
-            str(wheels),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    the suite's, and the clone the page installs from beside it: this checkout,
+    as ``fastapi_jobs``."""
     home = tmp_path / "home"
     home.mkdir()
+    (home / "fastapi_jobs").symlink_to(ROOT, target_is_directory=True)
     with socket.socket() as sock:
         # The page's URLs say 127.0.0.1:8000, uvicorn's default: the test uses them as written.
         if sock.connect_ex(("127.0.0.1", 8000)) == 0:
             pytest.fail(
                 "port 8000 is in use: the tutorial's app needs it (is the example app running?)"
             )
-    terminal = Terminal.fresh(home, wheels)
+    terminal = Terminal.fresh(home)
     try:
         yield terminal
     finally:
@@ -72,7 +57,7 @@ def test_the_page_has_every_step_the_issue_asks_for() -> None:
     """Install, a job, run it, the status, a store, three workers, a pause, a test."""
     lines = [step.line for step in steps(PAGE) if isinstance(step, Command)]
     files = [step.name for step in steps(PAGE) if isinstance(step, File)]
-    assert any(line.startswith("pip install 'fastapi-scheduled-jobs[sqlite]'") for line in lines)
+    assert any(line.startswith("pip install '../fastapi_jobs[sqlite]'") for line in lines)
     assert "uvicorn main:app" in lines
     assert "curl http://127.0.0.1:8000/jobs" in lines
     assert "uvicorn main:app --workers 3" in lines
@@ -81,7 +66,7 @@ def test_the_page_has_every_step_the_issue_asks_for() -> None:
     assert files.count("main.py") == 3 and "test_main.py" in files
 
 
-@pytest.mark.slow  # a fresh install from the package index, and a minute of real ticks
+@pytest.mark.slow  # a fresh install from the clone and the index, and a minute of real ticks
 def test_the_tutorial_runs_as_written(newcomer: Terminal) -> None:
     for step in steps(PAGE):
         if isinstance(step, File):
@@ -99,7 +84,7 @@ def check(terminal: Terminal, command: Command, out: str) -> None:
     if "..." not in command.shown and command.shown.strip() and "uvicorn" not in line:
         # An output the page shows whole is the output the reader gets.
         assert out.strip() == command.shown.strip(), (line, out)
-    if line.startswith("pip install 'fastapi-scheduled-jobs"):
+    if line.startswith("pip install '../fastapi_jobs"):
         _installed_from_this_checkout(terminal)
     elif line == "uvicorn main:app":
         assert terminal.server is not None
@@ -138,7 +123,8 @@ def check(terminal: Terminal, command: Command, out: str) -> None:
 
 
 def _installed_from_this_checkout(terminal: Terminal) -> None:
-    """The name resolved to this checkout's wheel, not to a project of the index."""
+    """The package installed is this checkout's, copied into the environment (not
+    a project of the index of the same import name, nor the checkout on a path)."""
     python = Path(terminal.env["VIRTUAL_ENV"]) / "bin" / "python"
     found = subprocess.run(
         [python, "-c", "import fastapi_jobs._scheduler as m; print(m.__file__)"],

@@ -112,10 +112,9 @@ class Terminal:
     ran: list[tuple[Command, str]] = field(default_factory=list)
 
     @classmethod
-    def fresh(cls, home: Path, wheels: Path) -> Terminal:
+    def fresh(cls, home: Path) -> Terminal:
         """A shell that has never seen this checkout: no virtual environment active,
-        nothing of the suite's on PATH. ``pip install fastapi-scheduled-jobs`` finds
-        the checkout's wheel in ``wheels`` (the name is not on the package index)."""
+        nothing of the suite's on PATH, no extra place for pip to look."""
         ours = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
         env = {
             key: value
@@ -125,7 +124,6 @@ class Terminal:
         env["PATH"] = os.pathsep.join(
             part for part in env.get("PATH", "").split(os.pathsep) if part not in ours
         )
-        env["PIP_FIND_LINKS"] = f"{wheels} {env.get('PIP_FIND_LINKS', '')}".strip()
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
         return cls(home, env)
 
