@@ -35,10 +35,11 @@ class Queue:
 
 
 def make(url: str, secrets: Mapping[str, Any]) -> tuple[Scheduler, FastAPI, Queue, list[Any]]:
-    """The scheduler on ``url``'s store, its app (both routers), the queue of its
-    hand-off jobs (``handoff`` hands ``secrets`` on, ``bad_handoff`` the queue's
-    ``returns``), and the kwargs each run of the task ``sync`` got (it fails
-    each time, saying nothing of them)."""
+    """The scheduler on ``url``'s store; its app (the status, control and
+    health routers); the queue of its hand-off jobs (``handoff`` hands
+    ``secrets`` on, ``bad_handoff`` the queue's ``returns``); and the kwargs
+    each run of the task ``sync`` got (it fails each time, saying nothing of
+    them)."""
     scheduler = Scheduler(store=SQLAlchemyStore(url), shutdown_timeout=2)
     got: list[Any] = []
     queue = Queue()
@@ -53,4 +54,5 @@ def make(url: str, secrets: Mapping[str, Any]) -> tuple[Scheduler, FastAPI, Queu
     made = FastAPI(lifespan=scheduler.lifespan)
     made.include_router(scheduler.router)
     made.include_router(scheduler.control_router(public=True))
+    made.include_router(scheduler.health_router())
     return scheduler, made, queue, got

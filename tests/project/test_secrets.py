@@ -172,6 +172,7 @@ async def app_outputs(url: str, kwargs: dict[str, Any]) -> tuple[dict[str, str],
             "/jobs/ui",
             "/jobs/ui?state=failing",
             "/metrics",
+            "/healthz/jobs",
         ):
             await ask("read", "GET", path, 200)
         await python_outputs(scheduler, body, seen)
