@@ -281,7 +281,7 @@ def _seconds(name: str, option: str, value: float | timedelta | None) -> float |
 def _code_flags(func: object) -> int | None:
     """The code flags of a plain function (what inspect's checks read, at a
     fraction of their cost); None for anything else, which inspect handles."""
-    while type(func) is functools.partial and not hasattr(func, "_is_coroutine_marker"):
+    while isinstance(func, functools.partial) and not hasattr(func, "_is_coroutine_marker"):
         func = func.func  # as inspect's checks unwrap it (stored schedules' jobs)
     if type(func) is types.FunctionType and not hasattr(func, "_is_coroutine_marker"):
         return func.__code__.co_flags  # not marked by inspect.markcoroutinefunction
@@ -305,7 +305,7 @@ def _takes_context(name: str, func: Callable[..., Any]) -> bool:
     # A function with keyword arguments bound (the jobs of stored schedules,
     # 100,000 of one task): the answer depends on which names are bound only.
     target, bound = func, None
-    if type(func) is functools.partial and not func.args:
+    if isinstance(func, functools.partial) and not func.args:
         target, bound = func.func, frozenset(func.keywords)
     if not inspect.isfunction(target):
         return _check_signature(name, func)

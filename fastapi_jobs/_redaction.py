@@ -1,19 +1,32 @@
-"""What is shown of what users give: a schedule's kwargs in a listing, and an
+"""What is shown of what users give: a schedule's kwargs wherever they show (a
+listing, a repr, ``to_dict``, an error that quotes what it was given), and an
 error's text on the status page and in the store.
 
-A value under a name like a secret's is hidden, and so is what a database
-error quotes; text that is not text (a lone surrogate) is made safe, so that
-one stored row cannot fail a listing. The jobs themselves get the values as
-given, and the log has the errors whole."""
+A value under a name like a secret's (`SECRET_NAMES`) is hidden, and so is what
+a database error quotes; text that is not text (a lone surrogate) is made
+safe, so that one stored row cannot fail a listing. The jobs themselves get
+the values as given, and the log has the jobs' own errors whole."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
-__all__ = ["HIDDEN", "MAX_MESSAGE", "error_line", "error_shown", "error_text", "is_text", "shown"]
+__all__ = [
+    "HIDDEN",
+    "MAX_MESSAGE",
+    "SECRET_NAMES",
+    "error_line",
+    "error_shown",
+    "error_text",
+    "hidden",
+    "is_text",
+    "masked_repr",
+    "shown",
+]
 
 
 MAX_MESSAGE = 300
@@ -108,23 +121,64 @@ def shown(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 HIDDEN = "[hidden]"
 """What a listing shows in place of a value under a name like a secret's."""
 
-_SECRET = re.compile(
-    r"pass(word|wd|phrase)?|pwd|secret|token|api[-_]?key|auth|credential|private[-_]?key"
-    r"|cookie|session|dsn|webhook|signature",
-    re.IGNORECASE,
+SECRET_NAMES = (
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "api_key",
+    "auth",
+    "credential",
+    "private_key",
+    "cookie",
+    "session",
+    "dsn",
+    "webhook",
+    "signature",
 )
+"""The words that make a name a secret's: a name holding one, in any case, has
+its value hidden (``password``, ``client_secret``, ``Auth_Token``, ``db_dsn``).
+An ``_`` in a word also matches ``-`` or nothing (``apiKey``, ``private-key``).
+The HTTP reference lists them; a test holds the two lists equal."""
+
+_WORDS = "|".join(re.escape(word).replace("_", "[-_]?") for word in SECRET_NAMES)
+_SECRET = re.compile(_WORDS, re.IGNORECASE)
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")  # the user:password@ of a URL
 # ``password=hunter2``, ``token: sk_live_...``, ``"api_key": "..."`` in a message.
 _SECRET_SETTING = re.compile(
-    r"""((?:[\w-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[-_]?key|credential"""
-    r"""|private[-_]?key|dsn)[\w-]*)["']?\s*[:=]\s*["']?)[^\s"',;&)}\]]+""",
+    rf"""((?:[\w-]*(?:{_WORDS})[\w-]*)["']?\s*[:=]\s*["']?)[^\s"',;&)}}\]]+""",
     re.IGNORECASE,
 )
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def hidden(value: Any) -> Any:
+    """``value`` with what its secret-like names hold hidden, as `shown` hides
+    them, its lists, tuples and dicts copied: for a repr, or an error that
+    quotes what it was given. A value too deep to walk (or holding itself) is
+    hidden whole."""
+    try:
+        return _masked(value)
+    except RecursionError:
+        return HIDDEN
+
+
+def masked_repr(obj: Any) -> str:
+    """A dataclass's repr as the generated one writes it, with what its
+    ``kwargs`` field holds `hidden`: a repr reaches tracebacks and logs."""
+    parts = []
+    for field in fields(obj):
+        if field.repr:
+            value = getattr(obj, field.name)
+            if field.name == "kwargs":
+                value = hidden(value)
+            parts.append(f"{field.name}={value!r}")
+    return f"{type(obj).__qualname__}({', '.join(parts)})"
+
+
 def _masked(value: Any) -> Any:
-    """``value`` (JSON) with what its secret-like names hold hidden."""
+    """``value`` (JSON, or a repr's lists, tuples and dicts) with what its
+    secret-like names hold hidden."""
     if isinstance(value, Mapping):
         return {
             key: HIDDEN if isinstance(key, str) and _SECRET.search(key) else _masked(item)
@@ -132,6 +186,8 @@ def _masked(value: Any) -> Any:
         }
     if isinstance(value, list):
         return [_masked(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_masked(item) for item in value)
     if isinstance(value, str) and "@" in value:
         return _USERINFO.sub(HIDDEN + "@", value)  # a URL's credentials, whatever its name
     return value

@@ -6,9 +6,9 @@ the API's no-op tracer costs a few microseconds per run, and nothing else.
 
 Each run (each attempt) is a span ``fastapi_jobs.run <job>``, current while
 the job runs, so what the job does (its queries, its HTTP calls) nests under
-it. Its attributes: ``code.function.name`` (the job's function),
-``fastapi_jobs.job``, ``.tick`` (ISO 8601), ``.manual``, ``.attempt``,
-``.fence`` (claimed runs), ``.instance`` and ``.outcome``; a failed or
+it. Its attributes: ``code.function.name`` (the job's function; a stored
+schedule's task), ``fastapi_jobs.job``, ``.tick`` (ISO 8601), ``.manual``,
+``.attempt``, ``.fence`` (claimed runs), ``.instance`` and ``.outcome``; a failed or
 timed-out run has status ERROR, ``error.type`` and the exception recorded. A
 lost lease is an event on the run's span. The attributes are set once the span
 has started (a sampler sees the span's name and kind), and only on a span that
@@ -19,6 +19,7 @@ OpenTelemetry metrics API.
 
 from __future__ import annotations
 
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 
 from ._clock import as_datetime
@@ -86,6 +87,8 @@ class Tracing:
         if name is None:
             found = self.scheduler.jobs.get(job)
             func = None if found is None else found.func
+            while isinstance(func, partial):  # a stored schedule's: its task
+                func = func.func
             name = self._functions[job] = (
                 job
                 if func is None

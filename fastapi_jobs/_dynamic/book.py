@@ -37,6 +37,7 @@ from .._errors import (
     UnconfirmedError,
     short,
 )
+from .._redaction import hidden
 from .._schedules import Schedule
 from .._status import ErrorInfo
 from .._store import AppliedRows, ScheduleRow, ScheduleTable, SetChange
@@ -302,7 +303,7 @@ class ScheduleBook(ScheduleChanges):
             raise ConfigurationError(f"apply_schedules(): the group's name: {exc}") from None
         if isinstance(wanted, (str, bytes, Mapping)) or not isinstance(wanted, Iterable):
             raise ConfigurationError(
-                f"apply_schedules({group!r}, {short(wanted)}): give a list of ScheduleSpec"
+                f"apply_schedules({group!r}, {short(hidden(wanted))}): give a list of ScheduleSpec"
             )
         rows: dict[str, tuple[str, str]] = {}
         given: dict[str, ScheduleSpec] = {}
@@ -324,7 +325,7 @@ class ScheduleBook(ScheduleChanges):
     ) -> tuple[str, tuple[str, str]]:
         if not isinstance(spec, ScheduleSpec):
             raise ConfigurationError(
-                f"{short(spec)} is not a ScheduleSpec: give ScheduleSpec(name, task, "
+                f"{short(hidden(spec))} is not a ScheduleSpec: give ScheduleSpec(name, task, "
                 "schedule, kwargs=..., options=...) for each"
             )
         name = self._refuse_declared(spec.name)

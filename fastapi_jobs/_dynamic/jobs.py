@@ -18,9 +18,21 @@ from .._core.lifecycle import CurrentRun
 from .._core.parts import Parts
 from .._core.runner import JobRunner
 from .._job import Job
+from .._redaction import hidden
 from .stored import StoredSchedule, Task
 
-__all__ = ["StoredJobs"]
+__all__ = ["Bound", "StoredJobs"]
+
+
+class Bound(partial[Any]):
+    """A task with a schedule's arguments bound (a stored schedule's `Job.func`):
+    its repr, which a job's repr holds, hides what a listing hides."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{key}={value!r}" for key, value in hidden(self.keywords).items())
+        return f"functools.partial({self.func!r}, {given})"
 
 
 class StoredJobs:
@@ -41,7 +53,7 @@ class StoredJobs:
     def build(self, stored: StoredSchedule, tasks: Mapping[str, tuple[Task, bool]]) -> Job:
         """The job of ``stored`` (`Job.build`'s checks: `ConfigurationError`)."""
         func, _ = tasks[stored.task]
-        bound = partial(func, **stored.kwargs) if stored.kwargs else func
+        bound = Bound(func, **stored.kwargs) if stored.kwargs else func
         options: dict[str, Any] = {"name": stored.name, **stored.options}
         job = Job.build(bound, stored.schedule, options, where="add_schedule", task=stored.task)  # type: ignore[arg-type]
         check_catch_up(job, self._parts.store)

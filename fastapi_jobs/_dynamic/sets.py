@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigurationError, short
+from .._redaction import hidden, masked_repr
 from .._schedules import Schedule
 from .stored import ScheduleOptions, schedule_from
 
@@ -45,7 +46,7 @@ class ScheduleSpec:
         (``offset`` 0 and ``tz`` UTC if left out). `ConfigurationError` says
         what is wrong."""
         if not isinstance(data, Mapping):
-            raise ConfigurationError(f"{short(data)} is not a schedule: write {_EXAMPLE}")
+            raise ConfigurationError(f"{short(hidden(data))} is not a schedule: write {_EXAMPLE}")
         extra = sorted(str(key) for key in data if key not in _KEYS)
         if extra or not {"name", "task", "schedule"} <= data.keys():
             raise ConfigurationError(
@@ -62,6 +63,9 @@ class ScheduleSpec:
             raise ConfigurationError(f"options {short(options)}: write a JSON object")
         given: Any = dict(options)  # checked, with the name, task and kwargs, as add_schedule's
         return cls(data["name"], data["task"], schedule_from(when), data.get("kwargs"), given)
+
+    def __repr__(self) -> str:
+        return masked_repr(self)  # kwargs hidden: a repr reaches tracebacks and logs
 
 
 _KEYS = frozenset({"name", "task", "schedule", "kwargs", "options"})

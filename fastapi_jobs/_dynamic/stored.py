@@ -26,7 +26,7 @@ from .._clock import as_datetime
 from .._context import JobContext
 from .._errors import ConfigurationError, short
 from .._policies import OVERLAPS
-from .._redaction import is_text
+from .._redaction import is_text, masked_repr, shown
 from .._schedules import Cron, Every, Schedule
 from .._store import ScheduleRow
 
@@ -96,7 +96,11 @@ class StoredSchedule:
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON form, as the API and the CLI show it (``schedule`` None: a
-        spec this release cannot read)."""
+        spec this release cannot read). In ``kwargs``, a value under a name like
+        a secret's (``password``, ``api_key``, ``dsn``: the HTTP reference lists
+        the words) and a URL's credentials are ``"[hidden]"``, as in its repr:
+        what is shown reaches logs and screens. The values as given are in
+        ``kwargs``, the field; write them back from there, not from this form."""
         try:
             data: dict[str, Any] | None = schedule_data(self.schedule)
         except ConfigurationError:
@@ -106,7 +110,7 @@ class StoredSchedule:
             "task": self.task,
             "schedule": data,
             "describe": self.schedule.describe(),
-            "kwargs": dict(self.kwargs),
+            "kwargs": shown(self.kwargs),
             "options": dict(self.options),
             "version": self.version,
             "updated_at": None
@@ -116,6 +120,9 @@ class StoredSchedule:
             "left_alone": self.left_alone,
             "group": self.group,
         }
+
+    def __repr__(self) -> str:
+        return masked_repr(self)  # kwargs hidden, as in to_dict()
 
 
 Task = Callable[..., Any]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
+from .._redaction import masked_repr
+
 __all__ = ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]
 
 
@@ -95,6 +97,9 @@ class HandoffRequest:
     within the run, a tick older than half the store's lease (claimed again
     after its claimer died, or caught up). False for the first attempt of a
     tick just claimed, which a queue without its own refusal need not look up."""
+
+    def __repr__(self) -> str:
+        return masked_repr(self)  # kwargs hidden: a repr reaches tracebacks and logs
 
 
 @runtime_checkable

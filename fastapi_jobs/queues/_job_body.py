@@ -20,6 +20,7 @@ import anyio
 
 from .._context import JobContext
 from .._errors import short
+from .._redaction import hidden
 from . import Handoff, HandoffRequest, Outbox, handoff_key
 
 __all__ = ["handing_off"]
@@ -85,7 +86,7 @@ def _kwargs(name: str, kwargs: object) -> Mapping[str, Any]:
         )
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise TypeError(
-            f"hand-off job {name!r} returned {short(kwargs)}: return the queue task's "
+            f"hand-off job {name!r} returned {short(hidden(kwargs))}: return the queue task's "
             "keyword arguments as a dict keyed by name (or None for none)"
         )
     try:

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from fastapi_jobs import ConfigurationError, JobContext, Scheduler
+from fastapi_jobs import ConfigurationError, Every, JobContext, Scheduler
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.tracing import instrument
 
@@ -94,6 +94,24 @@ async def test_a_sync_jobs_thread_runs_in_its_span() -> None:
     assert threads and threads[0] != threading.get_ident()
     assert render.parent is not None and render.parent.span_id == run.context.span_id
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+async def test_a_stored_schedules_span_names_its_task() -> None:
+    """A schedule made at run time: ``code.function.name`` is its task's (its job's
+    function is the task with the arguments bound)."""
+    tracer_provider, exporter, meter_provider, _ = providers()
+    scheduler = virtual_scheduler()
+    instrument(scheduler, tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+    @scheduler.task()
+    async def report(tenant: str) -> None: ...
+
+    async with scheduler.running():
+        await scheduler.add_schedule("acme", report, Every(hours=1), kwargs={"tenant": "acme"})
+        await anyio.sleep(HOUR + 1)
+    (run,) = named(exporter.get_finished_spans(), "fastapi_jobs.run acme")
+    assert run.attributes is not None
+    assert run.attributes["code.function.name"] == f"{__name__}.{report.__qualname__}"
 
 
 async def test_a_failed_attempt_is_an_error_span_with_its_exception_and_retries_are_spans_too() -> (
