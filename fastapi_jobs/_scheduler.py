@@ -19,15 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 from ._backfill.results import BackfillResult
 from ._backfill.runs import MAX_TICKS, Backfills, Progress
 from ._checks import flag, seconds
-from ._clock import Clock, OffsetClock, SystemClock
+from ._clock import Clock, SystemClock
 from ._control import TriggeredRun
 from ._core.declarations import add_job, add_observer, add_observers
-from ._core.heartbeat import Heartbeat
-from ._core.leases import LeaseKeeper
 from ._core.lifecycle import CurrentRun, Running, app_state
 from ._core.manual_runs import Operator
 from ._core.observers import Observers
-from ._core.parts import AppLifespan, Parts, check_history, check_parts
+from ._core.parts import AppLifespan, Parts, check_history, check_parts, connect
 from ._core.pauses import Pauses
 from ._core.reader import Reader
 from ._core.runner import HISTORY
@@ -112,32 +110,25 @@ class Scheduler:
         max_schedules = check_max_schedules(max_schedules)
         logger = logger or logging.getLogger(LIBRARY)
         clock = clock or SystemClock()
-        # Jobs tick on this clock: with a store, shifted onto the database's.
-        on_db_time = None if store is None else OffsetClock(clock)
-        ticking = clock if on_db_time is None else on_db_time
         parts = self._parts = Parts(
             logger=logger,
             clock=clock,
-            ticking=ticking,
-            store=store,
-            capabilities=Capabilities.of(store),
+            ticking=clock,
+            store=None,
+            capabilities=Capabilities.of(None),
             instance=Instance(),
             observers=Observers(logger),
-            leases=None if store is None else LeaseKeeper(store),
+            leases=None,
             history=history,
             shutdown_timeout=shutdown_timeout,
             app_lifespan=lifespan,
         )
-        if parts.capabilities.follow_clock is not None:
-            parts.capabilities.follow_clock(clock)
         add_observers(parts, observers)
         self._pauses = pauses = Pauses(parts)
         self._current = CurrentRun()
         self._book = ScheduleBook(parts, self._current, pauses, max_schedules)
-        if store is not None and on_db_time is not None:
-            parts.heartbeat = Heartbeat(store, on_db_time, logger, pauses.apply)
-            if parts.capabilities.schedules is not None:
-                parts.heartbeat.also.append(("the stored schedules", self._book.sync))
+        # Jobs tick on the clock (with a store, shifted onto the database's).
+        connect(parts, clock, store, pauses.apply, [("the stored schedules", self._book.sync)])
         # Every public call below takes one path: the seam, which the
         # integrations use too, over the sides that do the work.
         reader = Reader(parts, self._current, pauses)

@@ -10,13 +10,13 @@ do, the parts a ``Scheduler()`` cannot work with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import is_whole
-from .._clock import Clock
+from .._clock import Clock, OffsetClock
 from .._errors import ConfigurationError, JobNotFoundError, short
 from .._store import Capabilities, Instance, Store, missing
 from .heartbeat import Heartbeat
@@ -24,7 +24,7 @@ from .leases import LeaseKeeper
 from .observers import Observers
 from .runner import JobRunner
 
-__all__ = ["AppLifespan", "Parts", "Service", "check_history", "check_parts"]
+__all__ = ["AppLifespan", "Parts", "Service", "check_history", "check_parts", "connect"]
 
 AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
 """The app's own lifespan: ``app -> async context manager`` yielding its state."""
@@ -64,6 +64,36 @@ class Parts:
             return self.runners[name]
         except KeyError:
             raise JobNotFoundError(name, list(self.runners)) from None
+
+
+def connect(
+    parts: Parts,
+    clock: Clock,
+    store: Store | None,
+    on_pauses: Callable[[Mapping[str, tuple[float, int]]], None],
+    reads: Sequence[tuple[str, Callable[[], Awaitable[None]]]],
+) -> None:
+    """Give ``parts`` their clock and store, and what follows from them: the
+    clock jobs tick on (with a store, shifted onto the database's), what the
+    store can do, the leases' keeper and the heartbeat (which gives the pauses
+    it reads to ``on_pauses``, and makes ``reads`` after each beat). Every
+    declared job's runner takes them too: a scheduler built with one clock and
+    store runs a test on others (``fastapi_jobs.testing.virtual``)."""
+    on_db_time = None if store is None else OffsetClock(clock)
+    parts.clock, parts.store = clock, store
+    parts.ticking = clock if on_db_time is None else on_db_time
+    parts.capabilities = Capabilities.of(store)
+    parts.leases = None if store is None else LeaseKeeper(store)
+    parts.heartbeat = None
+    if store is not None and on_db_time is not None:
+        parts.heartbeat = Heartbeat(store, on_db_time, parts.logger, on_pauses)
+        if parts.capabilities.schedules is not None:
+            parts.heartbeat.also.extend(reads)
+    if parts.capabilities.follow_clock is not None:
+        parts.capabilities.follow_clock(clock)
+    for runner in parts.runners.values():
+        runner.clock = parts.ticking
+        runner.leases = None if runner.job.every_instance else parts.leases
 
 
 def check_history(history: object) -> int:

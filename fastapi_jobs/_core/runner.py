@@ -169,13 +169,10 @@ class JobRunner:
         # int each tick would be one of 48 bytes a job, a float is one of 32.
         self.grid_us = 0.0
         self.retired = False
-        """Replaced by a runner of the job's changed schedule (made at run time),
-        which took over its stats, or its schedule removed: it ends after its
-        run in flight."""
+        """Its stored schedule changed (or was removed): ends after its run in flight."""
         self.successor: JobRunner | None = None
-        """The runner of the job's changed schedule that replaced this one: a
-        tick taken here before the change is its to run, if the change kept it
-        (`hand_over`)."""
+        """The runner of the changed schedule, which took over its stats: a tick
+        taken here before the change is its to run, if the change kept it."""
         self.stopping = self.woken = False
         self.in_flight = False
         """A tick is taken for this job (claiming, woken or running): `take`."""
@@ -240,6 +237,13 @@ class JobRunner:
         )
         self.stopping = self.in_flight = self.woken = self._serving = False
         self.fence = self._catch_up = self.queued = self.replaced_by = None
+
+    def afresh(self) -> None:
+        """Forget what ran and what was counted, and any pause but the declared
+        one: the job as declared (a test that runs the app's own scheduler
+        again, on other clocks and stores: ``fastapi_jobs.testing.virtual``)."""
+        self.stats, self.history = JobStats(), None
+        self.paused_until, self.pause_unknown = self.job.declared_pause, False
 
     def bind(self, handle: Handle) -> None:
         """Give the runner the task that serves it (before the task runs)."""

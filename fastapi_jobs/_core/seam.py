@@ -26,10 +26,12 @@ from typing import Any
 
 from .._backfill.results import BackfillResult
 from .._backfill.runs import Backfills, Progress
+from .._clock import Clock
 from .._control import TriggeredRun
 from .._dynamic.book import ScheduleBook
 from .._dynamic.sets import AppliedSchedules, ScheduleSpec
 from .._dynamic.stored import StoredSchedule
+from .._errors import ConfigurationError
 from .._job import Job
 from .._results import RunResult
 from .._schedules import Schedule
@@ -38,7 +40,7 @@ from .._store import Store
 from .health import health_of
 from .lifecycle import CurrentRun, app_state
 from .manual_runs import Operator
-from .parts import Parts
+from .parts import Parts, connect
 from .pauses import Pauses
 from .reader import Reader
 from .runner import JobRunner
@@ -93,6 +95,21 @@ class Seam:
     def runners(self) -> list[JobRunner]:
         """Every job's runner, for figures read straight from each job's stats."""
         return list(self._parts.runners.values())
+
+    def connect(self, clock: Clock, store: Store | None) -> None:
+        """Run on ``clock`` and ``store`` from now on, not on those it was built
+        with (``fastapi_jobs.testing.virtual``), every job afresh (no run, no
+        count, its declared pause): only while it is not running."""
+        if self._current.running is not None:
+            raise ConfigurationError(
+                "the scheduler is running: give it another clock or store before the "
+                "app starts (enter testing.virtual(...) around the LifespanManager)"
+            )
+        reads = [("the stored schedules", self._book.sync)]
+        connect(self._parts, clock, store, self._pauses.apply, reads)
+        self._pauses.forget()
+        for runner in self._parts.runners.values():
+            runner.afresh()
 
     def health(self) -> Health:
         """Whether the scheduler does its work (`Scheduler.health`)."""

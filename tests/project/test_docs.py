@@ -55,10 +55,21 @@ def docstring_blocks() -> list[tuple[Path, str]]:
 
 
 BLOCKS = blocks("python") + docstring_blocks()
-COMPLETE = [(path, code) for path, code in BLOCKS if not code.startswith(("# fragment", "# test"))]
+COMPLETE = [
+    (path, code)
+    for path, code in BLOCKS
+    if not code.startswith(("# fragment", "# test", "# app module:"))
+]
 MODULES = [(path, code) for path, code in BLOCKS if code.startswith("# test module:")]
 CONFTESTS = {path: code for path, code in BLOCKS if code.startswith("# test conftest:")}
 """A page's ``conftest.py`` (at most one a page), beside each test module it shows."""
+APP_MODULES: dict[Path, list[tuple[str, str]]] = {}
+"""A page's modules of the reader's app (``# app module: main.py``), beside each
+test module it shows, under their names."""
+for _path, _code in BLOCKS:
+    if _code.startswith("# app module:"):
+        _name = _code.splitlines()[0].removeprefix("# app module:").split()[0]
+        APP_MODULES.setdefault(_path, []).append((_name, _code))
 
 
 def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
@@ -69,8 +80,9 @@ def test_the_pages_have_complete_blocks_and_mark_the_others() -> None:
     assert any(path.suffix == ".py" for path, _ in BLOCKS)  # the docstrings' too
     assert MODULES
     for path, code in BLOCKS:
+        apps = [shown for _, shown in APP_MODULES.get(path, [])]
         if (path, code) not in COMPLETE + MODULES and CONFTESTS.get(path) != code:
-            assert re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
+            assert code in apps or re.match(r"# fragment: \S", code), f"{path.name}: {code[:80]!r}"
 
 
 @pytest.mark.parametrize(
@@ -84,6 +96,8 @@ def test_a_test_module_shown_passes_under_pytest(path: Path, code: str, tmp_path
     (tmp_path / "test_shown.py").write_text(code)
     if path in CONFTESTS:
         (tmp_path / "conftest.py").write_text(CONFTESTS[path])
+    for name, module in APP_MODULES.get(path, []):
+        (tmp_path / name).write_text(module)
     ran = subprocess.run(
         [
             sys.executable,

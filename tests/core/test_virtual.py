@@ -1,0 +1,100 @@
+"""`fastapi_jobs.testing.virtual`: the app's own scheduler, built with a real
+clock and store, run in virtual time on a memory store for a block."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fastapi_jobs import ConfigurationError, JobContext, Scheduler, SystemClock
+from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore, virtual
+
+pytestmark = pytest.mark.looptime
+START = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def an_app(path: Path, ticks: list[datetime]) -> tuple[Scheduler, SQLAlchemyStore]:
+    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{path}", lease=12, timeout=3, heartbeat=7)
+    scheduler = Scheduler(store=store)
+
+    @scheduler.every(minutes=1)
+    async def job(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+
+    return scheduler, store
+
+
+async def test_the_block_runs_on_a_loop_clock_and_a_memory_store_then_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    """Inside, the jobs tick on virtual time from the start given, claimed in a
+    memory store with the real store's lease, timeout and heartbeat (the SQLite
+    file is never made); after, the scheduler has its own clock and store."""
+    ticks: list[datetime] = []
+    scheduler, store = an_app(tmp_path / "jobs.sqlite3", ticks)
+    with virtual(scheduler, START) as clock:
+        assert isinstance(clock, LoopClock) and scheduler.clock is clock
+        memory = scheduler.store
+        assert isinstance(memory, MemoryStore)
+        assert (memory.lease, memory.timeout, memory.heartbeat) == (12, 3, 7)
+        async with scheduler.running():
+            await anyio.sleep(3 * 60 + 1)
+        assert scheduler.job_status("job").claims
+    assert ticks == [datetime(2026, 3, 2, 0, m, tzinfo=UTC) for m in (1, 2, 3)]
+    assert scheduler.store is store and isinstance(scheduler.clock, SystemClock)
+    assert not (tmp_path / "jobs.sqlite3").exists()
+
+
+async def test_each_block_starts_the_jobs_afresh_and_may_share_a_database() -> None:
+    """A second block starts with no runs, no counts and no operator's pause;
+    given a database, the memory store keeps its rows between blocks."""
+    scheduler = Scheduler(store=MemoryStore())
+
+    @scheduler.every(minutes=1)
+    async def job() -> None: ...
+
+    database = MemoryDatabase()
+    with virtual(scheduler, START, database=database):
+        async with scheduler.running():
+            await anyio.sleep(61)
+            await scheduler.pause("job")
+            await anyio.sleep(60)
+        assert scheduler.job_status("job").runs == 1
+    with virtual(scheduler, START, database=database):
+        status = scheduler.job_status("job")
+        assert (status.runs, status.paused, status.skipped) == (0, False, {})
+        async with scheduler.running():
+            await anyio.sleep(61)  # the pause is the store's: read at the start
+            assert scheduler.job_status("job").paused
+    assert database.pauses
+
+
+async def test_wrong_arguments_and_a_running_scheduler_are_refused() -> None:
+    """Not a scheduler, a naive or missing start, and a scheduler already
+    running are refused, each saying what to do."""
+    scheduler = Scheduler()
+
+    @scheduler.every(minutes=1)
+    async def job() -> None: ...
+
+    with (
+        pytest.raises(ConfigurationError, match="pass the app's Scheduler"),
+        virtual("scheduler", START),  # type: ignore[arg-type]
+    ):
+        pass
+    for start in (datetime(2026, 3, 2), "2026-03-02", None):
+        with (
+            pytest.raises(ConfigurationError, match="aware datetime"),
+            virtual(scheduler, start),  # type: ignore[arg-type]
+        ):
+            pass
+    async with scheduler.running():
+        with (
+            pytest.raises(ConfigurationError, match="before the app starts"),
+            virtual(scheduler, START),
+        ):
+            pass
