@@ -168,12 +168,8 @@ class JobRunner:
         # A float holding whole µs (exact below 2**53 µs, the year 2255): a new
         # int each tick would be one of 48 bytes a job, a float is one of 32.
         self.grid_us = 0.0
-        self.retired = False
-        """Its stored schedule changed (or was removed): ends after its run in flight."""
-        self.successor: JobRunner | None = None
-        """The runner of the changed schedule, which took over its stats: a tick
-        taken here before the change is its to run, if the change kept it."""
-        self.stopping = self.woken = False
+        self.retired = self.stopping = self.woken = False  # retired: see `take_over`
+        self.successor: JobRunner | None = None  # what a retired runner hands its tick to
         self.in_flight = False
         """A tick is taken for this job (claiming, woken or running): `take`."""
         self.due = 0.0
@@ -262,7 +258,9 @@ class JobRunner:
     def take_over(self, old: JobRunner) -> None:
         """Go on as ``old``'s job, under a changed schedule: its counts, its
         history, its thread and an operator's pause are this runner's now; it
-        ends after its run in flight."""
+        is ``retired`` and ends after its run in flight, and a tick it took
+        before the change is this runner's to run if the change kept it
+        (its ``successor``: `handed`). (A removal retires a runner with none.)"""
         self.stats, self.history, self.thread_done = old.stats, old.history, old.thread_done
         if old.paused_until != old.job.declared_pause or old.pause_unknown:
             # Paused or resumed by an operator (or not known yet): still so.
