@@ -24,13 +24,24 @@ from .leases import LeaseKeeper
 from .observers import Observers
 from .runner import JobRunner
 
-__all__ = ["AppLifespan", "Parts", "Service", "check_history", "check_parts", "connect"]
+__all__ = [
+    "AppLifespan",
+    "Leaving",
+    "Parts",
+    "Service",
+    "check_history",
+    "check_parts",
+    "connect",
+]
 
 AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
 """The app's own lifespan: ``app -> async context manager`` yielding its state."""
 
 Service = tuple[str, Callable[[], Awaitable[None]]]
 """A task that lives as long as the jobs run (the metrics' cluster reads), by name."""
+
+Leaving = Callable[[JobRunner], None]
+"""Told of a runner that leaves the scheduler, its counts with it (the metrics keep them)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -54,6 +65,10 @@ class Parts:
     heartbeat: Heartbeat | None = None
     runners: dict[str, JobRunner] = field(default_factory=dict)
     services: list[Service] = field(default_factory=list)
+    leaving: list[Leaving] = field(default_factory=list)
+    """Told of each runner taken out of ``runners`` for good: its stored schedule
+    removed or left alone here (not a change of schedule: its successor takes
+    over its stats)."""
     versions: dict[str, int] = field(default_factory=dict)
     """The schedules made at run time that run here, and the version of each
     (``_dynamic.book``): their claims name it."""

@@ -253,6 +253,12 @@ class Seam:
         """Run ``service`` as a task of each run of the jobs (cancelled as they stop)."""
         self._parts.services.append((name, service))
 
+    def on_leaving(self, tell: Callable[[JobRunner], None]) -> None:
+        """Call ``tell`` with each runner that leaves the scheduler for good (a
+        stored schedule removed, or left alone here), as it leaves: its stats go
+        with it. A run it has going ends after that, on its stats."""
+        self._parts.leaving.append(tell)
+
     @asynccontextmanager
     async def app_state(self, app: Any) -> AsyncIterator[Mapping[str, Any]]:
         """The app's own lifespan entered (``Scheduler(lifespan=)``): what it yields."""

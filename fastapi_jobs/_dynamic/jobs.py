@@ -100,14 +100,17 @@ class StoredJobs:
         old = self._runners.pop(name, None)
         if old is None:
             return
-        self._parts.runners.pop(name, None)
-        self._parts.versions.pop(name, None)
+        parts = self._parts
+        parts.runners.pop(name, None)
+        parts.versions.pop(name, None)
         # A tick it takes from now on, or whose claim is on its way, does not run.
         old.retired = True
         old.stop()  # after its run in flight
         refused = self._refused(name)
         if refused is not None:
             old.changed_away(refused, "it is not run here any more")
+        for tell in parts.leaving:
+            tell(old)  # its counts go with it: the metrics keep them
         running = self._current.running
         if running is not None:
             running.let_go()

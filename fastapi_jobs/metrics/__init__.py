@@ -339,7 +339,7 @@ class Metrics:
                 if time.perf_counter() >= turn:
                     await anyio.lowlevel.checkpoint()
                     turn = time.perf_counter() + TURN
-            table.emit_totals(totals, sink)
+            table.emit_totals(table.closed(totals), sink)
             return sink.chunks()
         for start in range(0, len(runners), STRIDE):
             table.emit_jobs(table.rows(runners[start : start + STRIDE]), snapshot.view, sink)
@@ -414,7 +414,7 @@ class Metrics:
         if summed:
             totals = Totals()
             table.add_up(runners, totals)
-            return snapshot, totals
+            return snapshot, table.closed(totals)
         return snapshot, table.rows(runners)
 
     def _metrics(self, snapshot: Snapshot, rows: list[Row] | Totals) -> Iterator[Metric]:

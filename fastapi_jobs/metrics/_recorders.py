@@ -41,27 +41,25 @@ class Series:
     additions. (prometheus_client's ``Histogram`` takes a lock for the bucket
     and one for the sum: +7 µs a run for two histograms.)"""
 
-    __slots__ = ("bounds", "by_job", "cells", "edges")
+    __slots__ = ("bounds", "by_job", "cells", "edges", "total")
 
     def __init__(self, bounds: tuple[float, ...], *, by_job: bool) -> None:
         self.bounds, self.by_job = bounds, by_job
         self.edges = (*(repr(float(bound)) for bound in bounds), "+Inf")
         # Per job ("" for the process): a count per bucket (the last one +Inf), then the sum.
         self.cells: dict[str, array[float]] = {}
-
-    def observe(self, job: str, value: float) -> None:
-        cells = self.cells.get(job if self.by_job else "")
-        if cells is None:
-            cells = self.made(job)
-        cells[bisect_left(self.bounds, value)] += 1  # le: a value equal to a bound is in it
-        cells[-1] += value
+        # By job: the sum of every job's cells ever, those of jobs gone too: what
+        # the summed series show, which never go down as jobs come and go. (Not
+        # by job, the process's one series is its own total: this one is unused.)
+        self.total = self._empty()
 
     def made(self, job: str) -> array[float]:
         """The cells of ``job`` (of the process if not by job), made empty."""
-        cells = self.cells[job if self.by_job else ""] = array(
-            "d", bytes(8 * (len(self.bounds) + 2))
-        )
+        cells = self.cells[job if self.by_job else ""] = self._empty()
         return cells
+
+    def _empty(self) -> array[float]:
+        return array("d", bytes(8 * (len(self.bounds) + 2)))
 
     def copy(self, key: str) -> array[float] | None:
         cells = self.cells.get(key)
@@ -85,14 +83,18 @@ class Recorder:
     ) -> None:
         """`run_finished`, from the run's figures: what the observers call when
         this recorder is the only one that hears runs end, with no event made
-        (once per run with metrics on). Series.observe and lateness() inlined:
+        (once per run with metrics on). An observation and lateness() inlined:
         their calls were a tenth of a tick."""
         series = self.durations  # by job
         cells = series.cells.get(job)
         if cells is None:
             cells = series.made(job)
-        cells[bisect_left(series.bounds, duration)] += 1
+        at = bisect_left(series.bounds, duration)
+        cells[at] += 1
         cells[-1] += duration
+        total = series.total
+        total[at] += 1
+        total[-1] += duration
         if attempt == 1 and not manual:
             late = started - tick
             if late < 0:
@@ -101,8 +103,13 @@ class Recorder:
             cells = series.cells.get(job if series.by_job else "")
             if cells is None:
                 cells = series.made(job)
-            cells[bisect_left(series.bounds, late)] += 1
+            at = bisect_left(series.bounds, late)
+            cells[at] += 1
             cells[-1] += late
+            if series.by_job:
+                total = series.total
+                total[at] += 1
+                total[-1] += late
 
 
 class Counting:
