@@ -50,6 +50,9 @@ __all__ = [
 
 # Cancelled with the owner, tasks that do not end within this are left behind.
 _ABANDON_AFTER = 5.0
+# Ended tasks kept in the owner's list before it is pruned (and while they are
+# fewer than the live ones): a handful of jobs' tasks are never worth a prune.
+_KEEP_ENDED = 64
 
 
 def sleep(delay: float) -> Awaitable[None]:
@@ -158,13 +161,17 @@ class Backend(Protocol):
 class _Asyncio:
     """Plain asyncio tasks: the cheapest to start and to cancel."""
 
-    __slots__ = ("_ended", "_loop", "_new_gate", "_on_done", "_tasks")
+    __slots__ = ("_ended", "_gone", "_loop", "_new_gate", "_on_done", "_tasks")
 
     checkpoint = staticmethod(partial(asyncio.sleep, 0))
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._tasks: list[asyncio.Task[None]] = []
+        # Tasks in the list that have ended (a stored schedule's, removed): the
+        # list is pruned when they are half of it, else a task (~0.5 KiB with
+        # its context) stayed for each job that ever ran while the jobs ran.
+        self._gone = 0
         # Made once, not per job: a closure or bound method each is ~0.2 KiB a job.
         # asyncio's own loop makes a plain Future: made directly, without the
         # loop's Python method around it (a frame per park); a loop of its own
@@ -198,6 +205,10 @@ class _Asyncio:
     def _done(self, task: asyncio.Task[None]) -> None:
         assert self._ended is not None
         self._ended(None if task.cancelled() else task.exception())
+        self._gone += 1
+        if self._gone > _KEEP_ENDED and 2 * self._gone > len(self._tasks):
+            self._tasks = [task for task in self._tasks if not task.done()]
+            self._gone = 0
 
     async def hold(self, until: anyio.Event, ready: Callable[[], None]) -> None:
         ready()

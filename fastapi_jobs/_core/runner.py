@@ -33,6 +33,7 @@ import anyio
 from .._clock import Clock, as_datetime
 from .._errors import ScheduleChangedError, TickAheadError
 from .._job import Job
+from .._logging import job_logger
 from .._policies import Jittered
 from .._redaction import error_text
 from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
@@ -205,11 +206,10 @@ class JobRunner:
 
     @property
     def logger(self) -> logging.Logger:
-        """``<scheduler logger>.<job name>``; made on first use (a logger per job
-        is a lasting entry in logging's registry)."""
-        if self._logger is None:
-            self._logger = self.parent_logger.getChild(self.job.name)
-        return self._logger
+        """``<scheduler logger>.<job name>``, made on first use, and kept by this
+        runner rather than in logging's registry (`job_logger`)."""
+        logger = self._logger = job_logger(self.parent_logger, self.job.name, self._logger)
+        return logger
 
     # -- its place among the scheduler's parts ---------------------------------
 
@@ -262,6 +262,7 @@ class JobRunner:
         before the change is this runner's to run if the change kept it
         (its ``successor``: `handed`). (A removal retires a runner with none.)"""
         self.stats, self.history, self.thread_done = old.stats, old.history, old.thread_done
+        self._logger = old._logger  # the app's setLevel on ctx.logger holds
         if old.paused_until != old.job.declared_pause or old.pause_unknown:
             # Paused or resumed by an operator (or not known yet): still so.
             # Else the new spec's own default holds (``paused=`` changed).
