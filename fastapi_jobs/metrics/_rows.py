@@ -95,9 +95,8 @@ class JobRows:
         # What the jobs that left counted (in multiprocess mode, no recorder:
         # prometheus_client's own counters keep every job's, gone or not).
         self.ledger = None if recorder is None else Ledger(recorder, seam.names().__contains__)
-        if self.ledger is not None:
-            seam.on_leaving(self.ledger.gone)
         self._intervals: dict[str, tuple[float, float]] = {}  # cron jobs: (tick, gap to next)
+        seam.on_leaving(self._left)
         self.durations = Family(
             DURATIONS[0],
             "histogram" if histograms_by_job else "summary",
@@ -134,6 +133,12 @@ class JobRows:
             PER_JOB,
             *((STORE_UP, READ, INSTANCES) if seam.store is not None else ()),
         ]
+
+    def _left(self, runner: JobRunner) -> None:
+        """A job left the scheduler: its counts are kept, its schedule's gap is not."""
+        self._intervals.pop(runner.job.name, None)
+        if self.ledger is not None:
+            self.ledger.gone(runner)
 
     def snapshot(
         self, view: ClusterView | None, store_up: bool | None, jobs: int, summed: bool

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_jobs import Every, JobContext, Scheduler, ScheduleSpec
+from fastapi_jobs import Cron, Every, JobContext, Scheduler, ScheduleSpec
 from fastapi_jobs._dynamic.stored import ScheduleOptions
 from fastapi_jobs.metrics import Metrics, _ledger, instrument
 from fastapi_jobs.testing import MemoryStore
@@ -199,3 +199,21 @@ async def test_what_jobs_that_left_counted_is_kept_in_bounded_memory() -> None:
     assert summed(samples, "runs_total", job_name=revived, outcome="ok") == before + ran[0]
     assert summed(samples, "runs_total", job_name=forgotten, outcome="ok") == ran[1]
     assert summed(samples, "runs_total", outcome="ok") == 0  # per job only
+
+
+async def test_a_removed_cron_jobs_interval_is_not_kept() -> None:
+    """The gap between a cron job's ticks, kept by name between scrapes, goes
+    with its stored schedule."""
+    scheduler = with_work()
+    registry = CollectorRegistry()
+    metrics = instrument(scheduler, registry, max_age=WHILE)
+    async with scheduler.running():
+        for k in range(3):
+            await scheduler.add_schedule(
+                f"cron{k}", "work", Cron("*/5 * * * *"), kwargs={"kind": "ok"}
+            )
+        await Rising(metrics, registry).scrape()
+        assert set(metrics._rows._intervals) == {"cron0", "cron1", "cron2"}
+        for k in range(3):
+            await scheduler.remove_schedule(f"cron{k}")
+        assert metrics._rows._intervals == {}
