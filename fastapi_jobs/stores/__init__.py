@@ -41,10 +41,15 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    except ModuleNotFoundError as exc:  # pragma: no cover - depends on what is installed
-        if exc.name != "sqlalchemy":
+    except ImportError as exc:
+        missing = _missing_module(exc)
+        if missing == "greenlet":
+            # SQLAlchemy 2.1's asyncio refuses to import without it (2.0's
+            # imports: SQLAlchemyStore(...) names the extra then).
+            raise ModuleNotFoundError(_no_greenlet(name, exc), name=missing) from exc
+        if missing != "sqlalchemy":  # pragma: no cover - depends on what is installed
             raise
-        raise ModuleNotFoundError(_missing(name), name=exc.name) from exc
+        raise ModuleNotFoundError(_missing(name), name=missing) from exc
     value.__module__ = __name__
     globals()[name] = value  # found directly from now on
     return value
@@ -62,4 +67,22 @@ def _missing(name: str) -> str:
         f"{name} needs SQLAlchemy and a driver: install {NAME} with the "
         "extra [sqlite] (aiosqlite), [postgres] (asyncpg) or [psycopg], e.g. "
         f"{install_hint('sqlite')}, or install sqlalchemy[asyncio] and the driver yourself"
+    )
+
+
+def _missing_module(exc: ImportError) -> str | None:
+    """The module whose absence made the import fail (SQLAlchemy names
+    greenlet only as the cause of its own ImportError)."""
+    cause = exc.__cause__
+    if exc.name is None and isinstance(cause, ImportError):
+        return cause.name
+    return exc.name
+
+
+def _no_greenlet(name: str, exc: ImportError) -> str:
+    return (
+        f"{name} needs greenlet (SQLAlchemy's asyncio), which cannot be imported "
+        f"({exc.__cause__ or exc}): install {NAME} with the extra of your database, "
+        f"[sqlite], [postgres] or [psycopg], e.g. {install_hint('sqlite')}, or greenlet "
+        "yourself"
     )

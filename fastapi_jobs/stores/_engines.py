@@ -1,15 +1,18 @@
 """Which engine the store runs on: the source it is given (an ``AsyncEngine``,
 a URL, or a callable of the lifespan state) checked when the store is made,
-and the engine chosen when it opens (on SQLite always one of its own)."""
+what it runs on installed (else the extra to install is named then, not at
+startup), and the engine chosen when it opens (on SQLite always one of its own)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from .._distribution import NAME, install_hint
 from .._errors import ConfigurationError, StoreError
 
 __all__ = ["EngineSource", "check_source", "choose"]
@@ -18,6 +21,14 @@ EngineSource = AsyncEngine | str | Callable[[Mapping[str, Any]], AsyncEngine]
 
 _ASYNC_DRIVERS = {"postgresql": ("asyncpg", "psycopg", "psycopg_async"), "sqlite": ("aiosqlite",)}
 """The drivers the store runs on, by backend (SQLAlchemy's async ones)."""
+
+_INSTALLS = {
+    "aiosqlite": ("aiosqlite", "sqlite", "aiosqlite"),
+    "asyncpg": ("asyncpg", "postgres", "asyncpg"),
+    "psycopg": ("psycopg", "psycopg", "psycopg[binary]"),
+    "psycopg_async": ("psycopg", "psycopg", "psycopg[binary]"),
+}
+"""By driver: the module it imports, the extra that installs it, its package."""
 
 _ONE_CONNECTION = (sa.pool.StaticPool, sa.pool.AssertionPool)
 _SHARED = (
@@ -49,6 +60,7 @@ def check_source(engine: object) -> None:
             f"that returns the engine from the lifespan state; got {engine!r}"
         )
     if not isinstance(engine, str):
+        check_installed(engine.url if isinstance(engine, AsyncEngine) else None)
         return
     try:
         url = sa.make_url(engine)
@@ -65,6 +77,35 @@ def check_source(engine: object) -> None:
             f"SQLAlchemyStore({url!r}): use PostgreSQL or SQLite through an async "
             "driver: postgresql+asyncpg://, postgresql+psycopg:// or sqlite+aiosqlite:///"
         )
+    check_installed(url)
+
+
+def check_installed(url: sa.URL | None) -> None:
+    """Raise `ConfigurationError`, naming the extra to install, unless the
+    driver of ``url`` (if known) and greenlet (SQLAlchemy's asyncio runs on it)
+    import. Without them the store was made, and the app's startup failed with
+    a bare ``ModuleNotFoundError``."""
+    known = None if url is None else _INSTALLS.get(url.get_driver_name())
+    if known is not None:
+        module, extra, package = known
+        _importable(module, f"the driver {module}", (extra,), package, url)
+    extras = ("sqlite", "postgres", "psycopg") if known is None else (known[1],)
+    _importable("greenlet", "greenlet (SQLAlchemy's asyncio)", extras, "greenlet", url)
+
+
+def _importable(
+    module: str, what: str, extras: tuple[str, ...], package: str, url: sa.URL | None
+) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        named = "..." if url is None else repr(url)  # (the password masked)
+        which = " or ".join(f"[{extra}]" for extra in extras)
+        raise ConfigurationError(
+            f"SQLAlchemyStore({named}) needs {what}, which cannot be imported ({exc}): "
+            f"install {NAME} with the extra {which}, e.g. {install_hint(extras[0])}, "
+            f"or {package} yourself"
+        ) from exc
 
 
 def choose(
