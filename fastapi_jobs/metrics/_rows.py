@@ -49,8 +49,14 @@ class Row(NamedTuple):
     """One job's numbers, copied on the event loop in one go."""
 
     name: str
-    counts: Counts  # with what the earlier jobs of its name counted
     runs: int
+    ok: int
+    failures: int
+    timeouts: int
+    cancelled: int
+    skipped: dict[str, int] | None
+    retries: int
+    earlier: Counts | None  # what the jobs of its name that left counted
     busy: bool
     next_run_at: float | None
     interval: float | None
@@ -164,16 +170,18 @@ class JobRows:
         for runner in runners:
             name, stats = runner.job.name, runner.stats
             tick = stats.next_run_at
-            counts = Counts.of(stats)
-            if earlier_of is not None:
-                earlier = earlier_of(name)
-                if earlier is not None:
-                    counts.add(earlier)
+            skipped = stats.skipped
             rows.append(
                 Row(
                     name,
-                    counts,
                     stats.runs,
+                    stats.ok,
+                    stats.failures,
+                    stats.timeouts,
+                    stats.cancelled,
+                    None if skipped is None else dict(skipped),
+                    stats.retries,
+                    None if earlier_of is None else earlier_of(name),
                     runner.busy,
                     tick,
                     None if tick is None else self._interval(runner, tick),
@@ -276,13 +284,22 @@ class JobRows:
             self._series(sink, self.summed_lateness, (), totals.lateness, recorder.lateness)
 
     def _process_counters(self, rows: list[Row], sink: Sink) -> None:
-        for row in rows:
-            name, counts = row.name, row.counts
-            for outcome, count in zip(OUTCOMES, counts.outcomes, strict=True):
+        for row in rows:  # each job's JobStats, as copied on the loop
+            name = row.name
+            by_outcome: tuple[int, ...] = (  # each run ended counted once, by its outcome
+                row.ok,
+                row.failures - row.timeouts,
+                row.timeouts,
+                row.cancelled,
+            )
+            skipped, retries = row.skipped, row.retries
+            if row.earlier is not None:  # a job made again under its name counts on
+                by_outcome, skipped, retries = _on_from(row.earlier, by_outcome, skipped, retries)
+            for outcome, count in zip(OUTCOMES, by_outcome, strict=True):
                 sink.add(RUNS, "_total", (name, outcome), count)
-            for reason, count in counts.skipped.items():
+            for reason, count in (skipped or {}).items():
                 sink.add(SKIPPED, "_total", (name, reason), count)
-            sink.add(RETRIES, "_total", (name,), counts.retries)
+            sink.add(RETRIES, "_total", (name,), retries)
             sink.add(RUNNING, "", (name,), float(row.busy))
 
     @staticmethod
@@ -327,3 +344,14 @@ class JobRows:
                 return None
             known = self._intervals[runner.job.name] = (tick, after - tick)
         return known[1]
+
+
+def _on_from(
+    earlier: Counts, by_outcome: tuple[int, ...], skipped: dict[str, int] | None, retries: int
+) -> tuple[tuple[int, ...], dict[str, int], int]:
+    """A job's counts, on from what the earlier jobs of its name counted."""
+    added = dict(skipped or {})
+    for reason, count in earlier.skipped.items():
+        added[reason] = added.get(reason, 0) + count
+    summed = tuple(now + then for now, then in zip(by_outcome, earlier.outcomes, strict=True))
+    return summed, added, retries + earlier.retries
