@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from fastapi_jobs import Every, JobContext, Scheduler, ScheduleSpec
+from fastapi_jobs._logging import job_logger
 from fastapi_jobs.testing import MemoryStore
 
 from ..conftest import virtual_scheduler
@@ -172,3 +173,16 @@ async def test_the_apps_logging_configuration_holds_as_it_changes(
         logging.setLoggerClass(logging.Logger)
         logging.getLogger("fastapi_jobs.late").setLevel(logging.NOTSET)
     assert len(lines("late")) == 1 and len(lines("tagged")) == 2  # not the one disabled
+
+
+async def test_a_jobs_logger_hangs_where_logging_would_hang_it() -> None:
+    """Its parent is the nearest logger above its name (past logging's
+    placeholders), the root if none; under the root logger, its name is the job's."""
+    top = logging.getLogger("fastapi_jobs")
+    logging.getLogger("fastapi_jobs.deep.a.b")  # leaves placeholders above it
+    deep = job_logger(top, "deep.x")
+    assert (deep.name, deep.parent) == ("fastapi_jobs.deep.x", top)
+    loose = job_logger(logging.Logger("unregistered"), "job")
+    assert (loose.name, loose.parent) == ("unregistered.job", logging.root)
+    assert job_logger(logging.root, "solo").name == "solo"
+    assert "fastapi_jobs.deep.x" not in logging.Logger.manager.loggerDict
