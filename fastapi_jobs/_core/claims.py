@@ -32,7 +32,7 @@ import math
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -40,9 +40,6 @@ from .._errors import StoreError, TickAheadError, short
 from .._store import FUTURE_MARGIN, Capabilities, Ended, Store
 from .health import StoreHealth
 from .heartbeat import Heartbeat
-
-if TYPE_CHECKING:
-    from .runner import JobRunner
 
 __all__ = ["Claims"]
 
@@ -102,18 +99,17 @@ class Claims:
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
 
-    def changed_under(self, runner: JobRunner, tick: float) -> None:
-        """``runner``'s claim of ``tick`` was refused for its version: the store
-        has another (changed, or removed). Kept for the runner of the new
-        version, and the change read now, by an early heartbeat, not at the
-        next one. An older tick still kept (the change not read since) is
-        skipped: only the latest is run late."""
-        older = self.changed.get(runner.job.name)
-        self.changed[runner.job.name] = tick
-        if older is not None:
-            runner.changed_away(older, "a later tick of it was refused too")
+    def changed_under(self, job: str, tick: float) -> float | None:
+        """``job``'s claim of ``tick`` was refused for its version: the store has
+        another (changed, or removed). Kept for the runner of the new version,
+        and the change read now, by an early heartbeat, not at the next one.
+        Returns the older tick kept before it, if any (the change not read
+        since): that one is the caller's to count, as only the latest runs late."""
+        older = self.changed.get(job)
+        self.changed[job] = tick
         if self.heartbeat is not None:
             self.heartbeat.soon()
+        return older
 
     def reading(self) -> float:
         """The local clock's reading that the offset to the database's is

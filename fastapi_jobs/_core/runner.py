@@ -446,7 +446,9 @@ class JobRunner:
             successor.handed(tick, None)
             return
         assert self._claims is not None
-        self._claims.changed_under(self, tick)
+        older = self._claims.changed_under(self.job.name, tick)
+        if older is not None:
+            self.changed_away(older, "a later tick of it was refused too")
         self.logger.info(
             "job %r: its schedule changed since this instance read it, so its tick %s "
             "was not claimed under the old version; reading the change now",

@@ -75,7 +75,7 @@ def test_exported_members() -> None:
             "fastapi_jobs.observers",
             ["LeaseLost", "Observer", "RunFinished", "RunStarted", "TickSkipped"],
         ),
-        ("fastapi_jobs.testing", ["LoopClock", "MemoryDatabase", "MemoryStore"]),
+        ("fastapi_jobs.testing", ["LoopClock", "MemoryDatabase", "MemoryStore", "virtual"]),
         ("fastapi_jobs.queues", ["Handoff", "HandoffRequest", "Outbox", "handoff_key"]),
         ("fastapi_jobs.queues.arq", ["ArqTask"]),
         ("fastapi_jobs.queues.celery", ["CeleryTask"]),
