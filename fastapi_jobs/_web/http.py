@@ -5,6 +5,7 @@ them."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from email.message import Message
 from email.utils import collapse_rfc2231_value
@@ -77,10 +78,10 @@ def from_page(request: Request) -> str | None:
 
 async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:
     """The request's body as ``model``: 415 unless it says it is JSON (a page
-    elsewhere can post text/plain or a form with no preflight, never JSON) in
-    UTF-8, 422
-    saying what is wrong with it (past ``most`` bytes, not JSON, not the model;
-    ``example``: a body that works), never what was sent echoed whole."""
+    elsewhere can post text/plain or a form with no preflight, never JSON) and
+    is in UTF-8, 422 saying what is wrong with it (past ``most`` bytes, not
+    JSON, not the model; ``example``: a body that works), never what was sent
+    echoed whole."""
     kind, _, params = request.headers.get("content-type", "").partition(";")
     kind = kind.strip().lower()
     if kind != "application/json" and not (
@@ -103,8 +104,9 @@ async def read_json(request: Request, model: type[Model], most: int, example: st
         if size > most:
             _unprocessable(f"the body takes more than {most} bytes: send e.g. {example}")
         chunks.append(chunk)
+    text = _utf8(b"".join(chunks))
     try:
-        data = json.loads(b"".join(chunks))
+        data = json.loads(text)
     except (ValueError, RecursionError):
         _unprocessable(f"the body is not JSON: send an object, e.g. {example}")
     try:
@@ -117,6 +119,37 @@ async def read_json(request: Request, model: type[Model], most: int, example: st
         if len(where) > 60:  # a key that was sent: never echoed whole
             where = f"{where[:60]}… ({len(where)} characters)"
         _unprocessable(f"{where}: {first['msg']} (send e.g. {example})")
+
+
+# What a body begins with, when it is JSON in another encoding: a byte order
+# mark (UTF-32's before UTF-16's, whose marks begin theirs), or the zero bytes
+# that ASCII takes in UTF-16 and UTF-32 (RFC 4627's detection; JSON's first
+# two characters are ASCII).
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32 with a byte order mark"),
+    (codecs.BOM_UTF32_BE, "UTF-32 with a byte order mark"),
+    (codecs.BOM_UTF8, "UTF-8 with a byte order mark"),
+    (codecs.BOM_UTF16_LE, "UTF-16 with a byte order mark"),
+    (codecs.BOM_UTF16_BE, "UTF-16 with a byte order mark"),
+)
+
+
+def _utf8(body: bytes) -> str:
+    """``body`` as text, if it is UTF-8 with no byte order mark, as JSON on the
+    wire must be (RFC 8259); else a 415 that says what it is. The standard
+    library's ``json.loads`` would read UTF-16 and UTF-32, and skip a mark: a
+    body in those passed as JSON, and a client learned nothing."""
+    found = next((said for mark, said in _BOMS if body.startswith(mark)), None)
+    if found is None and b"\x00" in body[:4]:
+        found = "UTF-16 or UTF-32"
+    if found is None:
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            found = f"not UTF-8 from byte {exc.start}"
+    raise HTTPException(
+        415, f"send the body as JSON in UTF-8, with no byte order mark: it is {found}"
+    )
 
 
 def _charset(params: str) -> str | None:

@@ -187,6 +187,57 @@ async def test_a_body_that_does_not_say_it_is_json_is_415(content_type: str | No
     assert made.status_code == 201 and patched.status_code == 200, (made.text, patched.text)
 
 
+# Each route that reads a JSON body, and a body it takes (in UTF-8).
+BODIES = [
+    ("POST", "/jobs/schedules", {**REPORT, "name": "other-report", "kwargs": {"tenant": "é"}}),
+    ("PUT", "/jobs/schedules?group=reports", {"schedules": [{**REPORT, "name": "in-set"}]}),
+    ("PATCH", "/jobs/schedules/acme-report", {"kwargs": {"tenant": "zéta"}}),
+    ("POST", "/jobs/declared/backfill", {"since": "2026-03-01T00:00Z", "until": "2026-03-01T01Z"}),
+]
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    ("encoding", "said"),
+    [
+        ("utf-16", "UTF-16 with a byte order mark"),
+        ("utf-16-le", "UTF-16 or UTF-32"),
+        ("utf-16-be", "UTF-16 or UTF-32"),
+        ("utf-32", "UTF-32 with a byte order mark"),
+        ("utf-32-be", "UTF-16 or UTF-32"),
+        ("utf-8-sig", "UTF-8 with a byte order mark"),
+        ("latin-1", "not UTF-8 from byte "),
+    ],
+)
+async def test_a_body_not_in_utf8_is_415_on_every_route_that_reads_one(
+    encoding: str, said: str
+) -> None:
+    """JSON on the wire is UTF-8 with no byte order mark (RFC 8259), as the
+    reference says: a body in UTF-16 or UTF-32 (with a mark or without), UTF-8
+    behind a mark, or bytes that are not UTF-8, is a 415 that says what it is,
+    on each route that reads a body; nothing changes. The same bodies in UTF-8
+    are taken."""
+    headers = {**ADMIN, "content-type": "application/json"}
+    async with serve(make_app(with_report([]))) as client:
+        made = await client.post("/jobs/schedules", json=REPORT, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        for method, url, body in BODIES:
+            text = json.dumps(body, ensure_ascii=False)
+            if encoding == "latin-1" and text.isascii():
+                continue  # the same bytes as UTF-8
+            sent = text.encode(encoding)
+            answer = await client.request(method, url, content=sent, headers=headers)
+            assert answer.status_code == 415, (method, url, answer.text)
+            assert answer.json()["detail"].startswith(
+                f"send the body as JSON in UTF-8, with no byte order mark: it is {said}"
+            )
+        assert (await client.get("/jobs/schedules")).json() == [made.json()]
+        assert (await client.get("/jobs/declared/runs")).json() == []
+        for method, url, body in BODIES:
+            taken = await client.request(method, url, json=body, headers=ADMIN)
+            assert taken.status_code in (200, 201, 202), (method, url, taken.text)
+
+
 @pytest.mark.looptime
 async def test_values_under_names_like_secrets_are_hidden_in_the_listing() -> None:
     """A schedule's kwargs are status anyone who reads /jobs sees: a value under a
