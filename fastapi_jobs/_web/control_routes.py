@@ -26,7 +26,7 @@ from .._errors import (
 )
 from .._status import ErrorInfo, Outcome, PauseState
 from .backfill_routes import add_backfill
-from .http import NO_STORE, NOT_FOUND, fail, from_page
+from .http import NO_STORE, NOT_FOUND, checked_query, fail, from_page
 from .page import notice_url
 from .schedule_routes import add_schedule_changes
 
@@ -122,9 +122,9 @@ class TriggerEnded(TriggerAccepted):
 def build_control_router(
     seam: Seam, dependencies: Sequence[Any], bounds: ScheduleBounds
 ) -> APIRouter:
-    router = APIRouter(
-        prefix="/jobs", tags=["jobs"], dependencies=[Depends(_same_origin), *dependencies]
-    )
+    # The app's auth before the query's check: a 401 first, as for a bad body.
+    checks = [Depends(_same_origin), *dependencies, Depends(checked_query)]
+    router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=checks)
     _add_run(router, seam)
     _add_pauses(router, seam)
     add_schedule_changes(router, seam, bounds)

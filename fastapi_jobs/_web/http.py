@@ -1,17 +1,19 @@
 """What the two routers share: an operation's error as its HTTP answer (or, for
-a form of the status page, a redirect back that says what happened), a JSON
-body read and checked, and the paths of the routes in the app that includes
-them."""
+a form of the status page, a redirect back that says what happened), a query
+and a JSON body read and checked, and the paths of the routes in the app that
+includes them."""
 
 from __future__ import annotations
 
 import codecs
 import json
+from collections import Counter
 from email.message import Message
 from email.utils import collapse_rfc2231_value
 from typing import Any, NoReturn, TypeVar
 
 from fastapi import HTTPException, Request
+from fastapi.dependencies.models import Dependant
 from pydantic import BaseModel, ValidationError
 from starlette.routing import NoMatchFound
 
@@ -22,10 +24,19 @@ from .._errors import (
     NotRunningError,
     StoreError,
     UnconfirmedError,
+    short,
 )
 from .page import notice_url
 
-__all__ = ["NOT_FOUND", "NO_STORE", "fail", "from_page", "path_of", "read_json"]
+__all__ = [
+    "NOT_FOUND",
+    "NO_STORE",
+    "checked_query",
+    "fail",
+    "from_page",
+    "path_of",
+    "read_json",
+]
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -74,6 +85,66 @@ def from_page(request: Request) -> str | None:
     if "text/html" not in request.headers.get("accept", ""):
         return None
     return path_of(request, "fastapi_jobs_ui")
+
+
+async def checked_query(request: Request) -> None:
+    """A dependency of both routers, for each of their routes: a 422 for a query
+    parameter given twice (FastAPI reads one of the values, the first or the
+    last by the parameter's type: ``?group=a&group=b`` applied group b), or one
+    the route does not take (``GET /jobs/{name}/runs?state=failing`` listed
+    every run, as though it had filtered them). The parameters the app's own
+    dependencies read are the route's too."""
+    given = Counter(key for key, _ in request.query_params.multi_items())
+    if not given:
+        return
+    found = _route_of(request)
+    if found is not None:
+        path, dependant = found
+        takes = _query_names(dependant)
+        for key in given:
+            if key not in takes:
+                listed = ", ".join(sorted(takes)) or "none"
+                _unprocessable(
+                    f"{short(key, 40)}: {request.method} {path} takes no such query "
+                    f"parameter (it takes {listed}): leave it out"
+                )
+    for key, times in given.items():
+        if times > 1:
+            _unprocessable(f"{short(key, 40)}: give it once; it came {times} times")
+
+
+def _route_of(request: Request) -> tuple[str, Dependant] | None:
+    """The request's route: its path (with the app's prefixes), and what it
+    reads, the dependencies the app included our router with among them.
+    FastAPI's older releases (0.110 here) copy the route for each inclusion
+    (``scope["route"]``); newer ones (0.165) keep an inclusion's context, and
+    ``scope["route"]`` is our router's own route. None if neither is found."""
+    fastapi_scope = request.scope.get("fastapi")
+    context = (
+        fastapi_scope.get("effective_route_context") if isinstance(fastapi_scope, dict) else None
+    )
+    for owner in (context, request.scope.get("route")):
+        path, dependant = getattr(owner, "path", None), getattr(owner, "dependant", None)
+        if isinstance(path, str) and isinstance(dependant, Dependant):
+            return path, dependant
+    return None
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route reads (``dependant``: its own and its
+    dependencies', the app's among them), by the names a client sends."""
+    names: set[str] = set()
+    todo = [dependant]
+    while todo:
+        current = todo.pop()
+        for field in current.query_params:
+            model = field.field_info.annotation
+            if isinstance(model, type) and issubclass(model, BaseModel):  # a Query() model
+                names.update(f.alias or name for name, f in model.model_fields.items())
+            else:
+                names.add(field.alias)
+        todo.extend(current.dependencies)
+    return names
 
 
 async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:

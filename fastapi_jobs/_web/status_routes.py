@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, Response
 from .._control import MAX_RUNS
 from .._errors import ConfigurationError, JobNotFoundError, StoreError
 from .._status import ClusterView, InstanceStatus, JobStatus, RunRecord
-from .http import NO_STORE, NOT_FOUND, fail, path_of
+from .http import NO_STORE, NOT_FOUND, checked_query, fail, path_of
 from .page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, render
 from .paging import Ask, asked, headers, matching
 from .schedule_routes import add_schedule_list
@@ -35,7 +35,7 @@ _PAGE_HEADERS = {
 
 
 def build_router(seam: Seam) -> APIRouter:
-    router = APIRouter(prefix="/jobs", tags=["jobs"])
+    router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(checked_query)])
     # The page and its assets before /{name}: "ui" is a reserved name
     # (_core/declarations.RESERVED), never a job's, and the routes say so by their order.
     _add_page(router, seam)
@@ -214,7 +214,8 @@ def _run_key(run: RunRecord) -> int:
 
 def _add_assets(router: APIRouter) -> None:
     @router.get("/ui/{file}", name="fastapi_jobs_ui_asset", include_in_schema=False)
-    async def asset(file: str) -> Response:
+    async def asset(file: str, v: str | None = None) -> Response:
+        # `v`, the file's version, is for caches: a new one is a new URL.
         found = ASSETS.get(file)
         if found is None:
             raise HTTPException(404, "no such file")
