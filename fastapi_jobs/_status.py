@@ -30,6 +30,7 @@ __all__ = [
     "Outcome",
     "PauseState",
     "RunRecord",
+    "SchedulerState",
     "SkipReason",
     "pause_end",
     "state_word",
@@ -130,6 +131,11 @@ class PauseState(BaseModel):
     )
 
 
+SchedulerState = Literal["running", "never_started", "stopped"]
+"""Whether a scheduler runs: ``never_started``, the app never ran its lifespan;
+``stopped``, it ran and stopped (the app is shutting down)."""
+
+
 class ClusterJobStatus(BaseModel):
     """A job's last claimed run across every instance sharing the store."""
 
@@ -194,7 +200,7 @@ class JobStatus(BaseModel):
     schedule: str = Field(description="Human-readable schedule.")
     running: bool = Field(description="A run of this job is going now.")
     next_run_at: datetime | None = Field(
-        description="The next tick (UTC); null when the scheduler is not running."
+        description="The next tick (UTC); null when the scheduler is not running (see `scheduler`)."
     )
     last_started_at: datetime | None
     last_finished_at: datetime | None
@@ -237,6 +243,12 @@ class JobStatus(BaseModel):
     cluster: ClusterJobStatus | None = Field(
         default=None,
         description="With a store: the last run of this job across all instances.",
+    )
+    scheduler: SchedulerState = Field(
+        default="running",
+        description="Whether the scheduler runs. 'never_started': the app never ran its "
+        "lifespan, so no job runs: write FastAPI(lifespan=scheduler.lifespan). 'stopped': "
+        "it ran and has stopped (the app is shutting down).",
     )
 
 
@@ -362,6 +374,7 @@ class JobStats:
         hand_off: str | None = None,
         task: str | None = None,
         policies: tuple[str, float | None] = ("skip", None),
+        scheduler: SchedulerState = "running",
     ) -> JobStatus:
         error = self.last_error
         return JobStatus(
@@ -387,4 +400,5 @@ class JobStats:
             task=task,
             overlap=policies[0],
             jitter=policies[1],
+            scheduler=scheduler,
         )

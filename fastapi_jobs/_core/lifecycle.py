@@ -20,6 +20,7 @@ import anyio
 import anyio.abc
 
 from .._logging import LIBRARY, make_visible
+from .._status import SchedulerState
 from .claims import Claims
 from .dispatcher import Dispatcher
 from .drain import drain
@@ -29,16 +30,34 @@ from .runner import JobRunner
 from .startup import log_start, warn_if_unclaimed_in_several_processes
 from .tasks import JobTasks
 
-__all__ = ["CurrentRun", "Running", "app_state"]
+__all__ = ["NEVER_STARTED", "CurrentRun", "Running", "app_state"]
+
+NEVER_STARTED = (
+    "the scheduler never started, so no job runs: the app did not run its lifespan. "
+    "Write FastAPI(lifespan=scheduler.lifespan), and give the app's own lifespan to "
+    "Scheduler(lifespan=...). A mounted app's lifespan does not run: give it to the app "
+    "that is served"
+)
+"""Why a scheduler whose router answers has never run, and what to write (the
+router was included, the lifespan forgotten)."""
 
 
 class CurrentRun:
     """A scheduler's current run: None while it is not running."""
 
-    __slots__ = ("running",)
+    __slots__ = ("ran", "running")
 
     def __init__(self) -> None:
         self.running: Running | None = None
+        self.ran = False
+        """Whether it has run (or runs): a scheduler stopped after running is
+        told from one that never started."""
+
+    @property
+    def state(self) -> SchedulerState:
+        if self.running is not None:
+            return "running"
+        return "stopped" if self.ran else "never_started"
 
 
 @asynccontextmanager
@@ -82,6 +101,7 @@ class Running:
         """Run the jobs for the ``async with`` block; then stop, drain, close."""
         parts, store = self.parts, self.parts.store
         self._current.running = self
+        self._current.ran = True
         # The library's own logger first: a scheduler logger below it then
         # shows its lines through that handler, once.
         make_visible(logging.getLogger(LIBRARY))  # the store's and the metrics' lines

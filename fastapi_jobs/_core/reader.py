@@ -199,4 +199,5 @@ class Reader:
             hand_off=None if handoff is None else handoff.name,
             task=runner.job.task,
             policies=(runner.job.overlap, runner.job.jitter),
+            scheduler=self._current.state,
         )

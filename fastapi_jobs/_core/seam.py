@@ -33,12 +33,13 @@ from .._dynamic.sets import AppliedSchedules, ScheduleSpec
 from .._dynamic.stored import StoredSchedule
 from .._errors import ConfigurationError
 from .._job import Job
+from .._logging import make_visible
 from .._results import RunResult
 from .._schedules import Schedule
-from .._status import ClusterView, Health, JobStatus, PauseState, RunRecord
+from .._status import ClusterView, Health, JobStatus, PauseState, RunRecord, SchedulerState
 from .._store import Store
 from .health import health_of
-from .lifecycle import CurrentRun, app_state
+from .lifecycle import NEVER_STARTED, CurrentRun, app_state
 from .manual_runs import Operator
 from .parts import Parts, connect
 from .pauses import Pauses
@@ -70,6 +71,7 @@ class Seam:
         self._operator = operator
         self._pauses = pauses
         self._book = book
+        self._told_never_started = False
 
     # -- what it is
 
@@ -77,6 +79,19 @@ class Seam:
     def running(self) -> bool:
         """Whether the scheduler runs now (inside ``running()``)."""
         return self._current.running is not None
+
+    def state(self, request: str) -> SchedulerState:
+        """Whether the scheduler runs, never started or has stopped, for a
+        ``request`` (its method and path) to a router. The first request that
+        finds it never started logs why, at ERROR, once: the router was
+        included and the lifespan forgotten, and nothing else would say so."""
+        state = self._current.state
+        if state == "never_started" and not self._told_never_started:
+            self._told_never_started = True
+            logger = self._parts.logger
+            make_visible(logger)  # what a start does: plain uvicorn shows no library's INFO
+            logger.error("%s: %s", request, NEVER_STARTED)
+        return state
 
     @property
     def store(self) -> Store | None:

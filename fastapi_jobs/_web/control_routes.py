@@ -26,7 +26,7 @@ from .._errors import (
 )
 from .._status import ErrorInfo, Outcome, PauseState
 from .backfill_routes import add_backfill
-from .http import NO_STORE, NOT_FOUND, checked_query, fail, from_page
+from .http import NO_STORE, NOT_FOUND, checked_query, fail, from_page, state_said
 from .page import notice_url
 from .schedule_routes import add_schedule_changes
 
@@ -124,6 +124,7 @@ def build_control_router(
 ) -> APIRouter:
     # The app's auth before the query's check: a 401 first, as for a bad body.
     checks = [Depends(_same_origin), *dependencies, Depends(checked_query)]
+    checks.append(Depends(state_said(seam)))
     router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=checks)
     _add_run(router, seam)
     _add_pauses(router, seam)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import codecs
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from email.message import Message
 from email.utils import collapse_rfc2231_value
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Request, Response
 from fastapi.dependencies.models import Dependant
 from pydantic import BaseModel, ValidationError
 from starlette.routing import NoMatchFound
@@ -28,6 +29,9 @@ from .._errors import (
 )
 from .page import notice_url
 
+if TYPE_CHECKING:
+    from .._core.seam import Seam
+
 __all__ = [
     "NOT_FOUND",
     "NO_STORE",
@@ -36,6 +40,7 @@ __all__ = [
     "from_page",
     "path_of",
     "read_json",
+    "state_said",
 ]
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -68,6 +73,26 @@ def fail(exc: Exception, page: str | None = None, name: str = "") -> NoReturn:
     if isinstance(exc, (StoreError, NotRunningError)):
         raise HTTPException(503, str(exc)) from None
     raise exc
+
+
+_STATE_SAID = {
+    "running": "running",
+    "never_started": "never started, so no job runs: the app did not run "
+    "scheduler.lifespan; write FastAPI(lifespan=scheduler.lifespan)",
+    "stopped": "stopped: the app is shutting down",
+}
+
+
+def state_said(seam: Seam) -> Callable[[Request, Response], Awaitable[None]]:
+    """A dependency of both routers: the scheduler's state in the ``X-Scheduler``
+    header of each JSON answer (a list has no room for it), and, the first time
+    a request finds it never started, the log line that says why (`Seam.state`)."""
+
+    async def say(request: Request, response: Response) -> None:
+        state = seam.state(f"{request.method} {request.url.path}")
+        response.headers["X-Scheduler"] = _STATE_SAID[state]
+
+    return say
 
 
 def path_of(request: Request, route: str, **params: str) -> str | None:

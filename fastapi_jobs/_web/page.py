@@ -19,7 +19,7 @@ from importlib.resources import files
 from typing import NamedTuple
 from urllib.parse import quote, urlencode
 
-from .._status import ClusterView, JobStatus, RunRecord, state_word
+from .._status import ClusterView, JobStatus, RunRecord, SchedulerState, state_word
 from .page_times import clock, countdown, iso, lasting, time_tag
 
 __all__ = [
@@ -104,7 +104,7 @@ def render(
     *,
     links: Links,
     now: float,
-    running: bool,
+    scheduler: SchedulerState,
     store: bool,
     instance: str,
     notice: str | None = None,
@@ -123,7 +123,9 @@ def render(
     name, task and why)."""
     total = len(statuses) if total is None else total
     matched = len(statuses) if matched is None else matched
-    out = _head(links, now, total, running, instance)
+    out = _head(links, now, total, scheduler, instance)
+    if scheduler != "running":
+        out.append(_SCHEDULER_SAID[scheduler])
     if notice in NOTICES:
         text = NOTICES[notice].format(job=f"<code>{escape(notice_job or '?')}</code>")
         kind = "trouble" if notice in _TROUBLE else "done"
@@ -151,7 +153,21 @@ def render(
     return "".join(out)
 
 
-def _head(links: Links, now: float, total: int, running: bool, instance: str) -> list[str]:
+_SCHEDULER_SAID = {
+    "never_started": '<p class="notice trouble" role="alert">The scheduler never started, '
+    "so no job runs: this app did not run its lifespan. Write "
+    "<code>FastAPI(lifespan=scheduler.lifespan)</code>, and give the app's own lifespan to "
+    "<code>Scheduler(lifespan=...)</code>. A mounted app's lifespan does not run: give it "
+    "to the app that is served.</p>\n",
+    "stopped": '<p class="notice trouble" role="status">The scheduler has stopped: the app '
+    "is shutting down.</p>\n",
+}
+"""What the page says above its jobs when the scheduler does not run."""
+
+
+def _head(
+    links: Links, now: float, total: int, scheduler: SchedulerState, instance: str
+) -> list[str]:
     """The page up to its notices: the document's head, and the header that
     counts the jobs and says who answered when."""
     return [
@@ -167,7 +183,9 @@ def _head(links: Links, now: float, total: int, running: bool, instance: str) ->
         f'<main id="jobs" data-refresh="{REFRESH}" data-now="{iso(now)}">\n',
         "<header><h1>Jobs</h1>",
         f'<p class="meta">{total} job{"" if total == 1 else "s"} · ',
-        "scheduler running" if running else '<strong class="bad">scheduler stopped</strong>',
+        "scheduler running"
+        if scheduler == "running"
+        else f'<strong class="bad">scheduler {scheduler.replace("_", " ")}</strong>',
         f" · answered by <code>{escape(instance)}</code> at "
         f'<time datetime="{iso(now)}">{clock(now)}</time></p>',
         "</header>\n",

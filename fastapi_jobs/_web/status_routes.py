@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, Response
 from .._control import MAX_RUNS
 from .._errors import ConfigurationError, JobNotFoundError, StoreError
 from .._status import ClusterView, InstanceStatus, JobStatus, RunRecord
-from .http import NO_STORE, NOT_FOUND, checked_query, fail, path_of
+from .http import NO_STORE, NOT_FOUND, checked_query, fail, path_of, state_said
 from .page import ASSETS, CHART_RUNS, CSP, PAGE_JOBS, Links, render
 from .paging import Ask, asked, headers, matching
 from .schedule_routes import add_schedule_list
@@ -35,7 +35,8 @@ _PAGE_HEADERS = {
 
 
 def build_router(seam: Seam) -> APIRouter:
-    router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(checked_query)])
+    checks = [Depends(checked_query), Depends(state_said(seam))]
+    router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=checks)
     # The page and its assets before /{name}: "ui" is a reserved name
     # (_core/declarations.RESERVED), never a job's, and the routes say so by their order.
     _add_page(router, seam)
@@ -77,7 +78,7 @@ def _add_page(router: APIRouter, seam: Seam) -> None:
                 page=here, css=css, js=js, icon=icon, control=None if run is None else run[:-6]
             ),
             now=seam.now(),
-            running=seam.running,
+            scheduler=seam.state(f"GET {here}"),
             store=seam.store is not None,
             instance=seam.instance_id,
             notice=notice,

@@ -230,3 +230,33 @@ def test_the_page_fits_a_phone_in_the_dark(browser: Any, app: App, tmp_path: Pat
     assert background == "rgb(13, 17, 23)"  # the dark palette
     page.screenshot(path=tmp_path / "phone.png", full_page=True)
     assert watched.errors == []
+
+
+@pytest.mark.slow  # an app process of its own: seconds
+def test_a_forgotten_lifespan_is_said_on_the_page_and_once_in_the_log(
+    browser: Any, tmp_path: Path, apps: list[App]
+) -> None:
+    """Under plain uvicorn, an app that includes the router but not the lifespan:
+    the page says, in a banner that fits a phone, that the scheduler never
+    started and what to write; the log says it once, however often the page
+    asks."""
+    started = App(
+        f"sqlite+aiosqlite:///{tmp_path / 'forgotten.sqlite3'}",
+        app="tests.apps.page_app:app",
+        PASSWORD=PASSWORD,
+        FORGET_LIFESPAN=1,
+    )
+    apps.append(started)
+    started.wait_started()
+    watched = open_page(browser, started, viewport={"width": 390, "height": 844})
+    page = watched.page
+    banner = page.locator(".notice[role=alert]")
+    assert banner.is_visible()
+    assert banner.inner_text().startswith("The scheduler never started, so no job runs")
+    assert "FastAPI(lifespan=scheduler.lifespan)" in banner.inner_text()
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+    page.reload()
+    page.reload()
+    assert page.locator(".notice[role=alert]").is_visible()
+    assert started.output().count("the scheduler never started, so no job runs") == 1
+    assert "ERROR" in started.output() and watched.errors == []

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 import anyio
+import httpx
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
 
-from fastapi_jobs import Every, Schedule
+from fastapi_jobs import Every, Schedule, Scheduler
+from fastapi_jobs._core.lifecycle import NEVER_STARTED
 
 from ..conftest import HOUR, serve, virtual_scheduler
 
@@ -38,6 +42,7 @@ FIELDS = {
     "hand_off",
     "task",
     "cluster",
+    "scheduler",
 }
 
 
@@ -219,3 +224,72 @@ async def test_one_far_future_schedule_does_not_break_the_status_of_every_job() 
     far_status, near_status = response.json()
     assert far_status["next_run_at"] is None
     assert near_status["next_run_at"] == "2026-03-02T01:00:00Z"
+
+
+def routed(scheduler: Scheduler, **app: Any) -> FastAPI:
+    made = FastAPI(**app)
+    made.include_router(scheduler.router)
+    made.include_router(scheduler.control_router(public=True))
+    return made
+
+
+async def test_a_router_whose_scheduler_never_started_says_why_and_what_to_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The router included and the lifespan forgotten: /jobs says so in a header
+    and in each job, with what to write; the page says it in a banner; the log
+    says it once, at ERROR, at the first request, not at each one."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def beat() -> None: ...
+
+    async with serve(routed(scheduler)) as client:  # FastAPI() without its lifespan
+        answers = [await client.get(url) for url in ("/jobs", "/jobs/beat", "/jobs/instances")]
+        page = await client.get("/jobs/ui")
+        refused = await client.post("/jobs/beat/run")
+        again = await client.get("/jobs")
+    for answer in (*answers, again):
+        assert answer.headers["x-scheduler"] == (
+            "never started, so no job runs: the app did not run scheduler.lifespan; "
+            "write FastAPI(lifespan=scheduler.lifespan)"
+        )
+    (job,) = answers[0].json()
+    assert (job["scheduler"], job["next_run_at"]) == ("never_started", None)
+    assert answers[1].json()["scheduler"] == "never_started"
+    assert refused.status_code == 503
+    banner = page.text.partition('<p class="notice trouble" role="alert">')[2].partition("</p>")[0]
+    assert banner.startswith("The scheduler never started, so no job runs: this app did not run")
+    assert "<code>FastAPI(lifespan=scheduler.lifespan)</code>" in banner
+    assert "scheduler never started</strong>" in page.text
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [f"GET /jobs: {NEVER_STARTED}"]
+    assert NEVER_STARTED.startswith("the scheduler never started, so no job runs")
+    assert "Write FastAPI(lifespan=scheduler.lifespan)" in NEVER_STARTED
+
+
+async def test_a_scheduler_stopped_after_running_is_not_one_that_never_started(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the app runs, the header says running; once its lifespan has ended
+    (the app shutting down), stopped: no banner and no log line of a lifespan
+    forgotten."""
+    scheduler = virtual_scheduler()
+
+    @scheduler.every(hours=1)
+    async def beat() -> None: ...
+
+    app = routed(scheduler, lifespan=scheduler.lifespan)
+    async with serve(app) as client:
+        running = await client.get("/jobs")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        stopped = await client.get("/jobs")
+        page = await client.get("/jobs/ui")
+    assert running.headers["x-scheduler"] == "running"
+    assert running.json()[0]["scheduler"] == "running"
+    assert stopped.headers["x-scheduler"] == "stopped: the app is shutting down"
+    assert stopped.json()[0]["scheduler"] == "stopped"
+    assert "The scheduler has stopped: the app is shutting down." in page.text
+    assert "never started" not in page.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
