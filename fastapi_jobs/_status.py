@@ -12,7 +12,7 @@ import math
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from ._clock import as_datetime
 from ._redaction import MAX_MESSAGE, error_line, error_shown
@@ -157,6 +157,17 @@ class ClusterJobStatus(BaseModel):
     running_on: str | None = Field(
         description="The instance holding a live lease on this job now, if any."
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="Runs of this job on every instance sharing the store, since its first "
+        "claim: each claim is one (a tick, a run by hand, a backfilled tick), so this is "
+        "`fence`. The top-level `runs` are the answering process's own."
+    )
+    @property
+    def runs(self) -> int:
+        # Every claim moves the fence by one, from 1: the store keeps the
+        # cluster's count already, and a page reads it with the claim.
+        return self.fence
 
 
 class InstanceStatus(BaseModel):

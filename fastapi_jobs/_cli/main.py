@@ -24,8 +24,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from .._logging import FORMAT
 from .._scheduler import Scheduler, seam_of
 from .._schedules import Cron
 from .._status import ClusterJobStatus, pause_end, state_word
+from .._store import Store
 from .backfill import add_parser as add_backfill
 from .backfill import backfill
 from .run import OK, run
@@ -291,79 +292,133 @@ def _lifespan_owner(lifespan: object, depth: int) -> Scheduler | None:
 
 
 async def _list(scheduler: Scheduler, app: Any, n: int, args: argparse.Namespace) -> int:
-    pauses: Mapping[str, float] | None = None
-    claims: Mapping[str, ClusterJobStatus] = {}
-    if scheduler.store is not None:
-        # A job's claim says whether it fails or runs: read only when asked.
-        pauses, claims = await _store_state(scheduler, app, args.state in ("failing", "running"))
     now = datetime.now(UTC).timestamp()
+    # A job's claim says whether it fails or runs: every claim read only then;
+    # else those of the jobs shown, for their runs on every instance.
+    every_claim = args.state in ("failing", "running")
+    async with _opened_store(scheduler, app) as store:
+        pauses, claims = await _store_state(scheduler, store, every_claim)
 
-    def until_of(name: str) -> float:
-        declared = scheduler.jobs[name].declared_pause
-        return declared if pauses is None else pauses.get(name, declared)
+        def until_of(name: str) -> float:
+            declared = scheduler.jobs[name].declared_pause
+            return declared if pauses is None else pauses.get(name, declared)
 
-    def state(name: str) -> str:
-        claim = claims.get(name)
-        running = claim is not None and claim.running_on is not None
-        return state_word(
-            until_of(name) > now, running, None if claim is None else claim.last_outcome
-        )
+        def state(name: str) -> str:
+            claim = claims.get(name)
+            running = claim is not None and claim.running_on is not None
+            return state_word(
+                until_of(name) > now, running, None if claim is None else claim.last_outcome
+            )
 
-    names = [
-        name
-        for name in scheduler.jobs
-        if args.name.casefold() in name.casefold() and (args.state in (None, state(name)))
-    ]
-    try:
-        shown = shown_page(names, args, by_name=False)
-    except ValueError as exc:  # a bad --after
-        raise UsageError(str(exc)) from None
-    for name in shown:
-        job = scheduler.jobs[name]
-        if seam_of(scheduler).claimed(name):
-            where = "claimed in the store (one instance per tick)"
-        elif job.every_instance:
-            where = "every instance"
-        else:
-            where = "every process (no store)"
-        until = until_of(name)
-        paused = "paused" if until > now else "not paused"
-        if pause_end(until, now) is not None:
-            paused += f" until {_when(until, UTC)}"
-        if pauses is None and scheduler.store is not None:
-            paused += " (as declared: the store could not be read)"
-        print(f"{name}\n  {job.schedule.describe()}\n  {where}; {paused}")
-        # In the job's own zone (a cron's), else UTC: the machine's zone is no
-        # job's, and differs between the operator's laptop and the pods.
-        zone = getattr(job.schedule, "tz", None) or UTC
-        times, ts = [], now
+        names = [
+            name
+            for name in scheduler.jobs
+            if args.name.casefold() in name.casefold() and (args.state in (None, state(name)))
+        ]
         try:
-            for _ in range(n):
-                ts = job.schedule.next_after(ts)
-                times.append(f"  next: {_when(ts, zone)}")
-        except Exception as exc:  # noqa: BLE001 - a user's schedule
-            times.append(f"  next: its schedule fails: {exc!r}")
-        print("\n".join(times))  # outside the try: a closed pipe is no schedule's fault
+            shown = shown_page(names, args, by_name=False)
+        except ValueError as exc:  # a bad --after
+            raise UsageError(str(exc)) from None
+        if store is not None and pauses is not None and not every_claim:
+            claims = await _claims_of(scheduler, store, shown)
+    for name in shown:
+        _print_job(scheduler, name, until_of(name), claims.get(name), pauses is None, now, n)
     return OK
 
 
-async def _store_state(
-    scheduler: Scheduler, app: Any, with_claims: bool
-) -> tuple[Mapping[str, float] | None, Mapping[str, ClusterJobStatus]]:
-    """The store's pauses (None if it cannot be read), and with ``with_claims``
-    each job's last claimed run (one reading of the cluster)."""
-    store = scheduler.store
-    assert store is not None
+def _print_job(
+    scheduler: Scheduler,
+    name: str,
+    until: float,
+    claim: ClusterJobStatus | None,
+    unread: bool,
+    now: float,
+    n: int,
+) -> None:
+    """One job of ``fastapi-jobs list``: its schedule, where it runs, its pause
+    (``unread``: as declared, the store unread), its runs on every instance
+    (``claim``, with a store), and its next ``n`` run times."""
+    job = scheduler.jobs[name]
+    if seam_of(scheduler).claimed(name):
+        where = "claimed in the store (one instance per tick)"
+    elif job.every_instance:
+        where = "every instance"
+    else:
+        where = "every process (no store)"
+    paused = "paused" if until > now else "not paused"
+    if pause_end(until, now) is not None:
+        paused += f" until {_when(until, UTC)}"
+    if unread and scheduler.store is not None:
+        paused += " (as declared: the store could not be read)"
+    print(f"{name}\n  {job.schedule.describe()}\n  {where}; {paused}")
+    if claim is not None:  # this command runs nothing: only the store counts runs
+        ran = f"  runs: {claim.runs} on all instances"
+        ended = claim.last_finished_at
+        if claim.last_outcome is not None and ended is not None:
+            ran += f"; the last: {claim.last_outcome}, {ended:%Y-%m-%d %H:%M:%S} UTC"
+        print(ran)
+    # In the job's own zone (a cron's), else UTC: the machine's zone is no
+    # job's, and differs between the operator's laptop and the pods.
+    zone = getattr(job.schedule, "tz", None) or UTC
+    times, ts = [], now
     try:
-        async with AsyncExitStack() as stack:
+        for _ in range(n):
+            ts = job.schedule.next_after(ts)
+            times.append(f"  next: {_when(ts, zone)}")
+    except Exception as exc:  # noqa: BLE001 - a user's schedule
+        times.append(f"  next: its schedule fails: {exc!r}")
+    print("\n".join(times))  # outside the try: a closed pipe is no schedule's fault
+
+
+@asynccontextmanager
+async def _opened_store(scheduler: Scheduler, app: Any) -> AsyncIterator[Store | None]:
+    """The scheduler's store, opened in the app's state for the block; None
+    without a store, or if it cannot be opened (said in the log: the listing
+    then shows what is declared)."""
+    store = scheduler.store
+    if store is None:
+        yield None
+        return
+    async with AsyncExitStack() as stack:
+        opened: Store | None = store
+        try:
             state = await stack.enter_async_context(seam_of(scheduler).app_state(app))
             await store.open(state, scheduler.instance)
             stack.push_async_callback(store.close)
-            with anyio.fail_after(store.timeout):
-                if with_claims:
-                    view = await store.read()
-                    return view.pauses, view.jobs
-                return {job: until for job, (until, _) in (await store.pauses()).items()}, {}
+        except Exception as exc:  # noqa: BLE001 - list what is declared instead
+            scheduler.logger.warning("cannot read the store's pauses: %r", exc)
+            opened = None
+        yield opened
+
+
+async def _store_state(
+    scheduler: Scheduler, store: Store | None, every_claim: bool
+) -> tuple[Mapping[str, float] | None, Mapping[str, ClusterJobStatus]]:
+    """The store's pauses (None without a store, or if it cannot be read), and
+    with ``every_claim`` each job's last claimed run (one reading of the cluster)."""
+    if store is None:
+        return None, {}
+    try:
+        with anyio.fail_after(store.timeout):
+            if every_claim:
+                view = await store.read()
+                return view.pauses, view.jobs
+            return {job: until for job, (until, _) in (await store.pauses()).items()}, {}
     except Exception as exc:  # noqa: BLE001 - list what is declared instead
         scheduler.logger.warning("cannot read the store's pauses: %r", exc)
         return None, {}
+
+
+async def _claims_of(
+    scheduler: Scheduler, store: Store, names: Sequence[str]
+) -> Mapping[str, ClusterJobStatus]:
+    """The claims of the jobs ``names`` (where the store can read only theirs),
+    each with its runs on every instance; none if the store cannot be read."""
+    narrow = seam_of(scheduler).read_jobs
+    try:
+        with anyio.fail_after(store.timeout):
+            view = await (store.read() if narrow is None else narrow(names, False))
+    except Exception as exc:  # noqa: BLE001 - list the rest without the runs
+        scheduler.logger.warning("cannot read the store's claims: %r", exc)
+        return {}
+    return view.jobs

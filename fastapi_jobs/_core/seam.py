@@ -98,6 +98,11 @@ class Seam:
         return self._parts.store
 
     @property
+    def read_jobs(self) -> Callable[[Collection[str], bool], Awaitable[ClusterView]] | None:
+        """The store's read of some jobs' claims (``Store.read_jobs``), if it has one."""
+        return self._parts.capabilities.read_jobs
+
+    @property
     def instance_id(self) -> str:
         return self._parts.instance.id
 

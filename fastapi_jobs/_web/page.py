@@ -261,7 +261,7 @@ def _row(
             f"data-countdown>{countdown(nxt.timestamp() - now)}</time></td>"
         )
     cells.append(f'<td data-label="Last run">{_last_run(status, now, several)}</td>')
-    cells.append(f'<td data-label="Recent runs">{_chart(runs)}</td>')
+    cells.append(f'<td data-label="Recent runs">{_chart(runs)}{_run_count(status)}</td>')
     if links.control:
         cells.append(f'<td class="actions">{_buttons(status, links)}</td>')
     cells.append("</tr>\n")
@@ -299,6 +299,17 @@ def _last_run(status: JobStatus, now: float, several: bool) -> str:
     if error:
         text += f'<div class="error">{escape(error)}</div>'
     return text
+
+
+def _run_count(status: JobStatus) -> str:
+    """How many times the job ran, and where that count was kept: with a store,
+    by every instance (the claims); else by this process, which a page of
+    another worker counts apart."""
+    if status.cluster is not None:
+        count, where = status.cluster.runs, "on all instances"
+    else:
+        count, where = status.runs, "in this process"
+    return f'<br><span class="sub runs">{count} run{"" if count == 1 else "s"} {where}</span>'
 
 
 def _chart(runs: Sequence[RunRecord]) -> str:

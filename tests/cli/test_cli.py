@@ -9,11 +9,15 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
+import anyio
 import pytest
 
 from fastapi_jobs._cli.main import main
 
+from ..conftest import claim1, release1
+from ..stores.test_store import opened
 from ..support.cluster import ROOT
 
 
@@ -163,3 +167,39 @@ def test_a_reader_that_stops_reading_ends_the_listing_quietly() -> None:
         said = listing.stderr.read().decode()
     assert listing.wait(timeout=60) == 128 + signal.SIGPIPE, said
     assert first.strip() and "Traceback" not in said and "its schedule fails" not in said
+
+
+def test_list_shows_each_jobs_runs_on_every_instance_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command runs nothing itself: with a store, a job's line says how many
+    times every instance ran it (the store's count of its claims) and how the
+    last run ended; a job never claimed says nothing of runs."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'counted.sqlite3'}"
+
+    async def seed() -> None:
+        async with opened(url) as (store, _):
+            for fence in range(1, 4):
+                assert await claim1(store, "digest", 1000.0 + fence) == fence
+                await release1(store, "digest", fence, "failed" if fence == 3 else "ok", None, 1)
+
+    anyio.run(seed)
+    (tmp_path / "counted_app.py").write_text(
+        "from fastapi_jobs import Scheduler\n"
+        "from fastapi_jobs.stores import SQLAlchemyStore\n"
+        f"scheduler = Scheduler(store=SQLAlchemyStore({url!r}))\n"
+        "@scheduler.every(hours=240)\n"
+        "async def digest() -> None: ...\n"
+        "@scheduler.every(hours=240)\n"
+        "async def fresh() -> None: ...\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "counted_app", raising=False)
+    assert main(["list", "counted_app:scheduler", "-n", "1"]) == 0
+    digest, fresh = capsys.readouterr().out.split("fresh\n")
+    assert re.search(
+        r"\n  runs: 3 on all instances; the last: failed, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n",
+        digest,
+    ), digest
+    assert "runs:" not in fresh
