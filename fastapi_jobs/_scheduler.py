@@ -214,10 +214,7 @@ class Scheduler:
         """
         check_options(options, "every")  # at once, as a keyword the signature lacked was
         if _func is not None:
-            raise ConfigurationError(
-                f"every() takes the interval as keywords, got {short(_func)}: write "
-                "@scheduler.every(hours=1) (with parentheses), not @scheduler.every"
-            )
+            raise ConfigurationError(_every_positional(_func))
         schedule = Every(days=days, hours=hours, minutes=minutes, seconds=seconds, offset=offset)
         return self._decorator(schedule, options, "every")
 
@@ -572,6 +569,18 @@ class Scheduler:
         return build_control_router(
             self._seam, list(dependencies or ()), bounds or ScheduleBounds()
         )
+
+
+def _every_positional(given: object) -> str:
+    """What to write instead of ``every(given)``: the interval goes by keyword."""
+    said = f"every() takes the interval as keywords, got {short(given)}: write"
+    if callable(given):  # @scheduler.every over a function: the call was left out
+        return f"{said} @scheduler.every(hours=1) (with parentheses), not @scheduler.every"
+    if isinstance(given, timedelta):
+        given = given.total_seconds()
+    if isinstance(given, int | float) and not isinstance(given, bool):
+        return f"{said} @scheduler.every(seconds={given:g}) (or minutes=, hours=, days=)"
+    return f"{said} e.g. @scheduler.every(minutes=5) (seconds=, minutes=, hours=, days=)"
 
 
 def seam_of(scheduler: Scheduler) -> Seam:

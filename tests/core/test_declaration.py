@@ -265,6 +265,24 @@ def test_every_without_parentheses_says_how_to_write_it() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        (5, "write @scheduler.every(seconds=5) (or minutes=, hours=, days=)"),
+        (0.5, "write @scheduler.every(seconds=0.5) (or minutes=, hours=, days=)"),
+        (timedelta(minutes=5), "write @scheduler.every(seconds=300) (or minutes="),
+        ("5m", "write e.g. @scheduler.every(minutes=5) (seconds=, minutes=, hours=, days=)"),
+    ],
+)
+def test_every_given_the_interval_by_position_says_which_keyword(given: object, hint: str) -> None:
+    """@scheduler.every(5) has its parentheses: the hint names the keyword to
+    write (seconds=5), not the parentheses."""
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler().every(given)
+    assert hint in str(caught.value)
+    assert "parentheses" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("alias", "expr"),
     [
         ("@hourly", "0 * * * *"),
