@@ -290,10 +290,15 @@ class SetChange(NamedTuple):
     @staticmethod
     def taken(group: str, names: Sequence[str]) -> NameTakenError:
         """The error of a set some of whose ``names`` live outside ``group``."""
+        if len(names) == 1:
+            return NameTakenError(
+                f"the name {names[0]!r} is taken by a live schedule outside group {group!r}: "
+                "remove that schedule, or leave the name out; nothing was applied"
+            )
         listed = ", ".join(repr(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
         return NameTakenError(
-            f"{len(names)} of the schedules' names are taken by live schedules outside "
-            f"group {group!r} ({listed}): remove those, or leave them out; nothing was applied"
+            f"{len(names)} of the names are taken by live schedules outside group {group!r} "
+            f"({listed}): remove those schedules, or leave the names out; nothing was applied"
         )
 
 

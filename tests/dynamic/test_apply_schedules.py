@@ -117,6 +117,33 @@ async def test_a_bad_set_is_refused_whole_saying_what() -> None:
 
 
 @pytest.mark.parametrize("with_store", [False, True], ids=["no store", "memory store"])
+async def test_the_names_taken_are_said_in_good_grammar_one_or_many(with_store: bool) -> None:
+    """One name taken outside the group is said in the singular, several in the
+    plural, with what to do."""
+    clock = LoopClock(START)
+    store = MemoryStore(MemoryDatabase(clock)) if with_store else None
+    scheduler = with_report([], Scheduler(clock=clock, store=store))
+    async with scheduler.running():
+        for t in ("a", "b", "c"):
+            await scheduler.add_schedule(
+                f"report-{t}", "report", Every(seconds=60), kwargs={"tenant": t}
+            )
+        with pytest.raises(NameTakenError) as one:
+            await scheduler.apply_schedules("g", tenants(["a"]))
+        with pytest.raises(NameTakenError) as three:
+            await scheduler.apply_schedules("g", tenants(["a", "b", "c"]))
+    assert str(one.value) == (
+        "the name 'report-a' is taken by a live schedule outside group 'g': remove that "
+        "schedule, or leave the name out; nothing was applied"
+    )
+    assert str(three.value) == (
+        "3 of the names are taken by live schedules outside group 'g' ('report-a', "
+        "'report-b', 'report-c'): remove those schedules, or leave the names out; nothing "
+        "was applied"
+    )
+
+
+@pytest.mark.parametrize("with_store", [False, True], ids=["no store", "memory store"])
 async def test_the_most_live_schedules_is_a_bound_said_with_the_counts(with_store: bool) -> None:
     """Past ``max_schedules``, add_schedule and a growing set are refused; a set
     that swaps schedules within the bound is not."""
