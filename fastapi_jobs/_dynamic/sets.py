@@ -74,10 +74,14 @@ _EXAMPLE = '{"name": "acme-report", "task": "report", "schedule": {"every": 3600
 
 @dataclass(frozen=True, slots=True)
 class AppliedSchedules:
-    """What `Scheduler.apply_schedules` did to the group's schedules, by name."""
+    """What `Scheduler.apply_schedules` did to the group's schedules, by name:
+    ``created``, ``changed`` and ``removed`` are tuples of names (compare them
+    with tuples: ``applied.created == ("report-acme",)``), ``unchanged`` a
+    count; `to_dict` gives them as lists."""
 
     group: str
     created: tuple[str, ...]
+    """The names made."""
     changed: tuple[str, ...]
     """Those whose task, schedule, kwargs or options differed (version bumped)."""
     removed: tuple[str, ...]

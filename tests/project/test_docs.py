@@ -19,7 +19,13 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fastapi_jobs import ClusterJobStatus, JobStatus, LeaseLostError, Scheduler
+from fastapi_jobs import (
+    AppliedSchedules,
+    ClusterJobStatus,
+    JobStatus,
+    LeaseLostError,
+    Scheduler,
+)
 from fastapi_jobs._distribution import NAME
 from fastapi_jobs._dynamic.stored import ScheduleOptions
 from fastapi_jobs._job import DEFAULTS
@@ -257,6 +263,36 @@ def test_the_status_example_has_every_field_the_api_answers() -> None:
     for shown, model in ((example, JobStatus), (example["cluster"], ClusterJobStatus)):
         assert set(shown) == set(model.model_fields) | set(model.model_computed_fields)
     JobStatus.model_validate(example)  # and each value has the right shape
+
+
+def test_the_schedules_guides_first_example_imports_both_schedule_classes() -> None:
+    """A reader of the schedules guide writes `Every(...)` or `Cron(...)` after
+    its first example (the table beneath names both): the example imports and
+    uses both, so neither is a NameError."""
+    first = next(code for path, code in COMPLETE if path.name == "schedules.md")
+    tree = ast.parse(first)
+    imported = {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == "fastapi_jobs"
+        for alias in node.names
+    }
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    assert {"Every", "Cron"} <= imported & called
+
+
+def test_the_schedules_guide_says_an_applied_sets_names_are_tuples() -> None:
+    """`AppliedSchedules.created`, `changed` and `removed` are tuples, which a
+    list never equals: the guide and the class's docstring say so."""
+    applied = AppliedSchedules("g", ("a",), (), (), 0)
+    assert all(type(getattr(applied, f)) is tuple for f in ("created", "changed", "removed"))
+    said = "`created`, `changed` and `removed` are\ntuples of names"
+    assert said in page("guides/schedules")
+    assert "``removed`` are tuples of names" in " ".join((AppliedSchedules.__doc__ or "").split())
 
 
 def api_table() -> list[tuple[str, str]]:
