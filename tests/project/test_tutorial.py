@@ -7,16 +7,19 @@ does, fails.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ..support.newcomer import Command, File, Terminal, steps
@@ -64,6 +67,32 @@ def test_the_page_has_every_step_the_issue_asks_for() -> None:
     assert any(line.endswith("/jobs/say_hello/pause") for line in lines)
     assert "pytest" in lines
     assert files.count("main.py") == 3 and "test_main.py" in files
+
+
+async def test_the_last_apps_status_page_opens_in_a_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 7's auth lets a browser in, which cannot send a Bearer header by
+    itself: no credentials get a 401 with the Basic challenge (a browser then
+    asks for the password), the token as Basic's password opens /jobs/ui, and
+    the Bearer token still works for curl."""
+    last = [step for step in steps(PAGE) if isinstance(step, File) and step.name == "main.py"][-1]
+    (tmp_path / "tutorial_main.py").write_text(last.text)
+    monkeypatch.chdir(tmp_path)  # its store's SQLite file, were it opened
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tutorial_main", raising=False)
+    monkeypatch.setenv("JOBS_TOKEN", "change-me")
+    app = importlib.import_module("tutorial_main").app
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as browser:
+        challenged = await browser.get("/jobs/ui")
+        wrong = await browser.get("/jobs/ui", auth=("admin", "nope"))
+        opened = await browser.get("/jobs/ui", auth=("anyone", "change-me"))
+        scripted = await browser.get("/jobs", headers={"Authorization": "Bearer change-me"})
+    assert challenged.status_code == wrong.status_code == 401
+    assert challenged.headers["www-authenticate"] == "Basic"
+    assert opened.status_code == 200 and "<h1>Jobs</h1>" in opened.text
+    assert scripted.status_code == 200
 
 
 @pytest.mark.slow  # a fresh install from the clone and the index, and a minute of real ticks
