@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from email.message import Message
 from email.utils import collapse_rfc2231_value
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from types import UnionType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, Union, get_args, get_origin
 
 from fastapi import HTTPException, Request, Response
 from fastapi.dependencies.models import Dependant
@@ -123,6 +124,7 @@ async def checked_query(request: Request) -> None:
     if not given:
         return
     found = _route_of(request)
+    takes: dict[str, bool] = {}  # each parameter the route reads: whether it takes a list
     if found is not None:
         path, dependant = found
         takes = _query_names(dependant)
@@ -134,7 +136,7 @@ async def checked_query(request: Request) -> None:
                     f"parameter (it takes {listed}): leave it out"
                 )
     for key, times in given.items():
-        if times > 1:
+        if times > 1 and not takes.get(key, False):
             _unprocessable(f"{short(key, 40)}: give it once; it came {times} times")
 
 
@@ -155,21 +157,33 @@ def _route_of(request: Request) -> tuple[str, Dependant] | None:
     return None
 
 
-def _query_names(dependant: Dependant) -> set[str]:
+def _query_names(dependant: Dependant) -> dict[str, bool]:
     """The query parameters a route reads (``dependant``: its own and its
-    dependencies', the app's among them), by the names a client sends."""
-    names: set[str] = set()
+    dependencies', the app's among them), by the names a client sends, each
+    with whether it takes a list (``?tag=a&tag=b``: an app's, never ours)."""
+    names: dict[str, bool] = {}
     todo = [dependant]
     while todo:
         current = todo.pop()
         for field in current.query_params:
-            model = field.field_info.annotation
-            if isinstance(model, type) and issubclass(model, BaseModel):  # a Query() model
-                names.update(f.alias or name for name, f in model.model_fields.items())
+            kind = field.field_info.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel):  # a Query() model
+                for name, part in kind.model_fields.items():
+                    names[part.alias or name] = _is_list(part.annotation)
             else:
-                names.add(field.alias)
+                names[field.alias] = _is_list(kind)
         todo.extend(current.dependencies)
     return names
+
+
+def _is_list(kind: Any) -> bool:
+    """Whether a parameter of type ``kind`` takes several values (``list[str]``,
+    ``tuple[int, ...] | None``, ...), as FastAPI reads them."""
+    kinds = get_args(kind) if get_origin(kind) in (Union, UnionType) else (kind,)
+    return any(
+        get_origin(k) in (list, tuple, set, frozenset) or k in (list, tuple, set, frozenset)
+        for k in kinds
+    )
 
 
 async def read_json(request: Request, model: type[Model], most: int, example: str) -> Model:

@@ -115,19 +115,28 @@ class Signed(BaseModel):
 
     signature: str = ""
     expires: int = 0
+    scopes: list[str] = []
 
 
-async def test_the_fields_of_an_apps_query_model_are_taken() -> None:
-    """An app's dependency that reads its query as a model takes each field."""
+async def test_an_apps_query_model_and_lists_are_taken() -> None:
+    """An app's dependency that reads its query as a model takes each field;
+    a parameter that takes a list (the app's) may be given several times."""
 
-    async def signed(query: Annotated[Signed, Query()]) -> None: ...
+    async def signed(
+        query: Annotated[Signed, Query()], tag: Annotated[list[str] | None, Query()] = None
+    ) -> None: ...
 
     scheduler = virtual_scheduler()
     app = FastAPI(lifespan=scheduler.lifespan)
     app.include_router(scheduler.router, dependencies=[Depends(signed)])
     async with serve(app) as client:
-        taken = await client.get("/jobs", params={"signature": "abc", "expires": "9"})
+        taken = await client.get("/jobs?signature=abc&expires=9&scopes=a&scopes=b&tag=x&tag=y")
         refused = await client.get("/jobs", params={"signature": "abc", "sig": "9"})
+        twice = await client.get("/jobs?signature=a&signature=b")
     assert taken.status_code == 200, taken.text
     assert refused.status_code == 422
-    assert "(it takes cursor, expires, limit, q, signature, state)" in refused.json()["detail"]
+    assert (
+        "(it takes cursor, expires, limit, q, scopes, signature, state, tag)"
+        in (refused.json()["detail"])
+    )
+    assert twice.json() == {"detail": "'signature': give it once; it came 2 times"}
