@@ -86,8 +86,9 @@ _STATE_SAID = {
 
 def state_said(seam: Seam) -> Callable[[Request, Response], Awaitable[None]]:
     """A dependency of both routers: the scheduler's state in the ``X-Scheduler``
-    header of each JSON answer (a list has no room for it), and, the first time
-    a request finds it never started, the log line that says why (`Seam.state`)."""
+    header of each JSON answer but an error's (a list has no room for it), and,
+    the first time a request finds it never started, the log line that says
+    why (`Seam.state`)."""
 
     async def say(request: Request, response: Response) -> None:
         state = seam.state(f"{request.method} {request.url.path}")
