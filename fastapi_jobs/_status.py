@@ -96,29 +96,6 @@ class RunRecord(BaseModel):
     )
 
 
-class Health(BaseModel):
-    """Whether this instance's scheduler does its work: what `Scheduler.health`
-    returns, and what the health route answers (HTTP 200 when ``ok``, else 503)."""
-
-    ok: bool = Field(description="The scheduler runs, and its store answers (if it has one).")
-    status: Literal["ok", "store_failing", "not_running"] = Field(
-        description="'ok'; 'store_failing': every claim or every heartbeat has failed for "
-        "longer than the store's lease (at once for a configuration the store refuses), "
-        "so no claimed job runs here; 'not_running': the scheduler is not running (the app "
-        "has not started it, or is stopping)."
-    )
-    detail: str = Field(description="What is wrong and where to look, in one sentence.")
-    store_failing_for_s: float | None = Field(
-        default=None,
-        description="How long the store's calls have failed, once that is too long; null "
-        "while it answers (or with no store).",
-    )
-    lease_s: float | None = Field(
-        default=None,
-        description="The store's lease, the threshold of 'store_failing'; null with no store.",
-    )
-
-
 class PauseState(BaseModel):
     """A job's pause, as the control endpoints answer it."""
 
@@ -134,6 +111,35 @@ class PauseState(BaseModel):
 SchedulerState = Literal["running", "never_started", "stopped"]
 """Whether a scheduler runs: ``never_started``, the app never ran its lifespan;
 ``stopped``, it ran and stopped (the app is shutting down)."""
+
+
+class Health(BaseModel):
+    """Whether this instance's scheduler does its work: what `Scheduler.health`
+    returns, and what the health route answers (HTTP 200 when ``ok``, else 503)."""
+
+    ok: bool = Field(description="The scheduler runs, and its store answers (if it has one).")
+    status: Literal["ok", "store_failing", "not_running"] = Field(
+        description="'ok'; 'store_failing': every claim or every heartbeat has failed for "
+        "longer than the store's lease (at once for a configuration the store refuses), "
+        "so no claimed job runs here; 'not_running': the scheduler is not running (the app "
+        "has not started it, or is stopping)."
+    )
+    detail: str = Field(description="What is wrong and where to look, in one sentence.")
+    scheduler: SchedulerState = Field(
+        default="running",
+        description="Whether the scheduler runs: 'never_started' (write "
+        "FastAPI(lifespan=scheduler.lifespan)) or 'stopped' (the app is shutting down) "
+        "are 'not_running'.",
+    )
+    store_failing_for_s: float | None = Field(
+        default=None,
+        description="How long the store's calls have failed, once that is too long; null "
+        "while it answers (or with no store).",
+    )
+    lease_s: float | None = Field(
+        default=None,
+        description="The store's lease, the threshold of 'store_failing'; null with no store.",
+    )
 
 
 class ClusterJobStatus(BaseModel):

@@ -25,7 +25,7 @@ from typing import Literal
 import anyio
 
 from .._errors import ConfigurationError
-from .._status import ErrorInfo, Health
+from .._status import ErrorInfo, Health, SchedulerState
 
 __all__ = ["Call", "StoreHealth", "health_of"]
 
@@ -95,17 +95,16 @@ class StoreHealth:
         return "claim" if call == "claims" else "heartbeat"
 
 
-def health_of(running: bool, store: StoreHealth | None, lease: float | None) -> Health:
-    """The `Health` of a scheduler that runs or not, whose store (if it has one)
-    is ``store`` while it runs."""
-    if not running:
-        return Health(
-            ok=False,
-            status="not_running",
-            detail="the scheduler is not running: the app has not started it "
-            "(FastAPI(lifespan=scheduler.lifespan)), or it is stopping",
-            lease_s=lease,
+def health_of(state: SchedulerState, store: StoreHealth | None, lease: float | None) -> Health:
+    """The `Health` of a scheduler in ``state``, whose store (if it has one) is
+    ``store`` while it runs."""
+    if state != "running":
+        detail = (
+            "the app has not started the scheduler: write FastAPI(lifespan=scheduler.lifespan)"
+            if state == "never_started"
+            else "the scheduler has stopped: the app is shutting down"
         )
+        return Health(ok=False, status="not_running", detail=detail, scheduler=state, lease_s=lease)
     failing = None if store is None else store.failing_for()
     if store is None or failing is None:
         return Health(ok=True, status="ok", detail="the scheduler runs", lease_s=lease)

@@ -136,7 +136,7 @@ class Seam:
         running = self._current.running
         store = self._parts.store
         return health_of(
-            running is not None,
+            self._current.state,
             None if running is None else running.health,
             None if store is None else store.lease,
         )

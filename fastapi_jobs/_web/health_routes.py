@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from .._errors import ConfigurationError, short
 from .._status import Health
+from .http import checked_query
 
 if TYPE_CHECKING:
     from .._core.seam import Seam
@@ -24,7 +25,7 @@ def build_health_router(seam: Seam, path: str) -> APIRouter:
             f"health_router(path={short(path)}): give a path that starts with '/' and "
             "does not end with one, e.g. '/healthz/jobs'"
         )
-    router = APIRouter(tags=["jobs"])
+    router = APIRouter(tags=["jobs"], dependencies=[Depends(checked_query)])
 
     @router.get(
         path,

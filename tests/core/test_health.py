@@ -90,9 +90,21 @@ async def test_a_scheduler_not_running_is_unhealthy_and_says_why() -> None:
         during = await _probe(app)
     after = await _probe(app)
     assert before[0] == after[0] == 503 and during[0] == 200
-    assert before[1]["status"] == "not_running"
+    assert before[1]["status"] == after[1]["status"] == "not_running"
+    assert (before[1]["scheduler"], after[1]["scheduler"]) == ("never_started", "stopped")
     assert "lifespan=scheduler.lifespan" in str(before[1]["detail"])
+    assert "shutting down" in str(after[1]["detail"])
     assert during[1] == Health(ok=True, status="ok", detail="the scheduler runs").model_dump()
+
+
+async def test_the_health_route_refuses_what_it_does_not_take() -> None:
+    """A query parameter the route does not take is a 422, as on the other routers."""
+    app = FastAPI()
+    app.include_router(Scheduler().health_router())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        answer = await client.get("/healthz/jobs?verbose=1")
+    assert answer.status_code == 422 and "verbose" in answer.text
 
 
 def test_the_health_route_takes_a_path_of_its_own() -> None:
