@@ -251,8 +251,11 @@ async def claim_all(
     async def claim_rows(rows: list[tuple[str, Any]]) -> None:
         sent = {**params, "b_sent": sqlite_now(), "b_rows": encode(rows)}
         asked.update({row[0]: row[1] for row in rows})
+        said = kind
+        if kind != "reclaim" and conn.dialect.name == "postgresql" and _versioned(rows):
+            said = kind + "+changed"  # _statements.VERSIONED: its refusals for a version too
         try:
-            result = await batches.execute(conn, kind, sent)
+            result = await batches.execute(conn, said, sent)
         except sa.exc.DBAPIError as exc:
             if not exc.connection_invalidated:
                 # The database answered with an error: the statement made no
@@ -292,6 +295,11 @@ def clocked(records: Sequence[Any], dialect: str) -> tuple[Sequence[Any], float]
     return made, float(db_time)
 
 
+def _versioned(rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether ``rows`` hold a stored schedule's tick (a row with its version)."""
+    return any(len(row) > 2 for row in rows)
+
+
 async def _changed(
     batches: Compiled,
     rows: Sequence[tuple[Any, ...]],
@@ -304,7 +312,7 @@ async def _changed(
     (``changed``, by job); on SQLite, whose claim returns only what it made, a
     read of the versions of the stored schedules' rows left unclaimed says
     which (a statement more, only when one of them is left unclaimed)."""
-    if conn.dialect.name != "postgresql":
+    if conn.dialect.name != "postgresql" and _versioned(rows):
         unclaimed = [row for row in rows if len(row) > 2 and row[0] not in fences]
         if unclaimed:
             result = await batches.execute(conn, "claim_changed", {"b_rows": encode(unclaimed)})

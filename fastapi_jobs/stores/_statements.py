@@ -31,12 +31,15 @@ from ._claim_statements import (
 from ._db_clock import db_now
 from ._tables import Tables
 
-__all__ = ["CLOCKED", "Statements"]
+__all__ = ["CLOCKED", "VERSIONED", "Statements"]
 
 CLOCKED = frozenset({"claim", "claim_manual", "claim_replace", "claim_handoff", "claim_instant"})
 """The claims whose statements also return the database's clock (PostgreSQL:
 ``_claim_statements.with_clock``): a claim refused for a tick still in the
 future on it is told from one refused for any other reason."""
+VERSIONED = "+changed"
+"""A claim's kind with this suffix: the batch holds stored schedules' ticks, and
+(on PostgreSQL) its statement returns those refused for their version."""
 _OUTBOX_KEPT = 86400.0
 _REMOVED_KEPT = 86400.0
 # A set of jobs whose instant was not claimed for this long has its row
@@ -110,6 +113,10 @@ class Statements:
     def _batch(self, kind: str) -> Any:
         t = self._tables
         schedules = t.schedules if self.schedules else None
+        # A claim of stored schedules' ticks ("...+changed", PostgreSQL) also
+        # returns the rows refused for their version; a batch of declared jobs'
+        # ticks alone pays nothing for it (its statement has no such part).
+        kind, versioned = kind.removesuffix(VERSIONED), kind.endswith(VERSIONED)
         if kind in CLOCKED:
             if kind == "claim_instant":
                 made = claim_instant(t.instants, self._insert)
@@ -124,7 +131,8 @@ class Statements:
             )
             if self.dialect != "postgresql":
                 return made  # its refusals for a version: `claim_changed`, after it
-            return with_clock(made, None if schedules is None else changed(schedules, wanted))
+            told = changed(schedules, wanted) if versioned and schedules is not None else None
+            return with_clock(made, told)
         if kind == "claim_changed":
             assert schedules is not None
             return changed(schedules, wanted_rows(self.dialect))
