@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -151,6 +153,61 @@ async def test_lease_that_cannot_be_renewed_cancels_the_run(
     assert "lease ran out" in lost[0].reason
 
 
+async def test_a_lease_lost_to_a_locked_sqlite_file_cancels_the_run(tmp_path: Path) -> None:
+    """Another client locks the SQLite file mid-run, for as long as it takes: the
+    lease cannot be renewed, so the run is cancelled and recorded as a lost
+    lease, and the observers are told, while the file is still locked (before
+    any peer could have claimed the job)."""
+    path = tmp_path / "jobs.sqlite3"
+    progress: list[str] = []
+    lost: list[LeaseLost] = []
+    unlock = threading.Event()
+
+    def lock() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        progress.append("locked")
+        unlock.wait(30)
+        conn.execute("COMMIT")
+        conn.close()
+
+    async with engine_for(f"sqlite+aiosqlite:///{path}") as engine:
+        scheduler = instance(engine, lease=0.3, timeout=0.09)
+
+        class Observing:
+            def lease_lost(self, event: LeaseLost) -> None:
+                lost.append(event)
+
+        scheduler.add_observer(Observing())
+
+        @scheduler.every(days=36500)  # triggered only
+        async def long(ctx: JobContext) -> None:
+            progress.append("start")
+            await anyio.sleep(30)
+            progress.append("end")
+
+        async def started() -> bool:  # a claim may pass the 0.09 s timeout: ask again
+            if not progress:
+                with contextlib.suppress(StoreError, JobRunningError):
+                    await scheduler.trigger("long")
+            return bool(progress)
+
+        async with scheduler.running({"db": engine}), anyio.create_task_group() as tg:
+            await poll(started)
+            tg.start_soon(anyio.to_thread.run_sync, lock)
+            try:
+                await poll(lambda: scheduler.job_status("long").last_outcome == "cancelled")
+                status = scheduler.job_status("long")
+                told = list(lost)
+            finally:
+                unlock.set()
+    assert progress == ["start", "locked"]
+    assert status.last_error is not None and status.last_error.type == "LeaseLostError"
+    assert status.running is False
+    assert [e.job for e in told] == ["long"]
+    assert "lease" in told[0].reason
+
+
 @pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
 async def test_a_sync_job_is_told_its_lease_is_lost_in_a_partition(
     postgres: PostgresServer, driver: str, caplog: pytest.LogCaptureFixture
@@ -274,8 +331,6 @@ async def test_a_sync_job_past_its_timeout_keeps_its_claim_until_the_thread_retu
     """Two instances; a sync job whose thread runs 1.5 s past a 0.1 s timeout under a
     1.2 s lease: the lease is renewed while the thread runs, so no instance starts
     the job beside it; once the thread returns, the job runs again."""
-    import threading
-
     url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
     lock = threading.Lock()
     active, most, calls = 0, 0, 0
