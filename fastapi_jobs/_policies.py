@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 from ._checks import seconds
 from ._errors import ConfigurationError, short
-from ._schedules import Every, Schedule
+from ._schedules import Every, Schedule, as_us
 
 __all__ = [
     "OVERLAPS",
@@ -143,13 +143,18 @@ class Jittered(Schedule):
     # In integer µs, so that a tick moved back lands on the inner tick exactly
     # (a float a hair before it would make next_after() return that tick again).
     def _back(self, ts: float) -> float:
-        return (round(ts * _US) - self.offset_us) / _US
+        return (as_us(ts) - self.offset_us) / _US
 
     def _on(self, ts: float) -> float:
-        return (round(ts * _US) + self.offset_us) / _US
+        return (as_us(ts) + self.offset_us) / _US
 
     def next_after(self, ts: float) -> float:
-        return self._on(self.inner.next_after(self._back(ts)))
+        inner = self.inner.next_after(self._back(ts))
+        tick = self._on(inner)
+        while tick <= ts:  # past 2242, where a float is coarser than a µs (Every's)
+            inner = self.inner.next_after(inner)
+            tick = self._on(inner)
+        return tick
 
     def last_at_or_before(self, ts: float) -> float:
         return self._on(self.inner.last_at_or_before(self._back(ts)))

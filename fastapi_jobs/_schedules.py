@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import math
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -18,20 +18,25 @@ from . import _checks
 from ._clock import as_datetime
 from ._errors import ConfigurationError, short
 
-__all__ = ["Cron", "Every", "Schedule"]
+__all__ = ["Cron", "Every", "Schedule", "as_us"]
 
 _US = 1_000_000
 # Catch-up counting for cron walks tick by tick; past this many ticks the
 # count is reported as this number (the latest tick is still exact).
 _MAX_COUNTED = 100_000
+_EPOCH_2000 = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_INTERVAL = 100 * 365.25 * 86400
 """The longest interval: ticks past year 9999 cannot be shown as a datetime."""
 
 
-def _us(ts: float) -> int:
+def as_us(ts: float) -> int:
+    """The instant ``ts`` in whole µs: the nearest, exact up to 2**33 s (2242)."""
     # Ticks round-trip through float; rounding (not flooring) recovers the
-    # exact microsecond a tick was computed from.
-    return round(ts * _US)
+    # exact microsecond a tick was computed from. The whole seconds apart: the
+    # product of an instant by a million is itself rounded past 2**32 s (2106),
+    # which read a tick of a few-µs interval as the µs beside it.
+    whole = math.floor(ts)
+    return whole * _US + round((ts - whole) * _US)
 
 
 class Schedule(abc.ABC):
@@ -158,17 +163,24 @@ class Every(Schedule):
 
     def next_after(self, ts: float) -> float:
         off, period = self._offset_us, self._period_us
-        k = (_us(ts) - off) // period + 1
-        return (off + k * period) / _US
+        k = (as_us(ts) - off) // period + 1
+        tick = (off + k * period) / _US
+        # Past 2**33 s (year 2242) a float no longer holds every µs: a tick less
+        # than a float's step after ts reads as ts itself. The next one that a
+        # float tells apart is the next tick, so that a schedule always moves on.
+        while tick <= ts:
+            k += 1
+            tick = (off + k * period) / _US
+        return tick
 
     def last_at_or_before(self, ts: float) -> float:
         off, period = self._offset_us, self._period_us
-        return (off + (_us(ts) - off) // period * period) / _US
+        return (off + (as_us(ts) - off) // period * period) / _US
 
     def ticks_between(self, after: float, until: float) -> tuple[int, float]:
         off, period = self._offset_us, self._period_us
-        ka = (_us(after) - off) // period
-        kb = (_us(until) - off) // period
+        ka = (as_us(after) - off) // period
+        kb = (as_us(until) - off) // period
         if kb <= ka:
             return 0, after
         return kb - ka, (off + kb * period) / _US
@@ -197,11 +209,14 @@ class Cron(Schedule):
     Five fields (minute hour day month weekday) or six (seconds first); names
     such as ``mon-fri`` and ``jan``. Wall-clock by nature: ``Cron("0 7 * * *",
     tz="Europe/Lisbon")`` runs at 07:00 Lisbon time in winter and summer, and
-    DST transitions behave as in Debian cron (a skipped 01:30 runs at 02:00; a
-    repeated hour runs once).
+    DST transitions behave as in Debian cron: a fixed time of day (five fields,
+    no ``*`` in the minute and the hour) skipped in spring runs at the first
+    minute after it (01:30 at 02:00), and one repeated in autumn runs once; any
+    other expression runs at each local time it matches (``0 * * * *`` at both
+    01:00 of a repeated hour, at none of a skipped one).
     """
 
-    __slots__ = ("_explained", "expr", "tz")
+    __slots__ = ("_explained", "_wall", "expr", "tz")
 
     def __init__(self, expr: str, tz: str | tzinfo = "UTC") -> None:
         if not isinstance(expr, str):
@@ -228,15 +243,66 @@ class Cron(Schedule):
                 "'minute hour day month weekday' or 6 with seconds first, "
                 "for example '0 7 * * mon-fri'"
             ) from None
+        minute, hour = self.expr.split()[:2]
+        # As in Debian cron, a fixed time of day (five fields, the minute's and
+        # the hour's not starting with '*') is a wall time: cronsim walks wall
+        # time, runs a skipped time when the clock jumps past it and a repeated
+        # one once. Any other expression ticks at each instant whose wall time
+        # matches.
+        self._wall = len(self.expr.split()) == 5 and "*" not in (minute[0], hour[0])
+        try:
+            # cronsim looks 50 years ahead; a cron that ticks at all ticks at
+            # least every 40 (a 29 February on a given weekday).
+            next(CronSim(self.expr, _EPOCH_2000))
+        except StopIteration:
+            raise ConfigurationError(
+                f"cron {short(expr)} never ticks: no date has both its day of month "
+                "and its weekday (when one of the two starts with '*', a date must "
+                "match both); change one of them"
+            ) from None
 
     def next_after(self, ts: float) -> float:
-        return next(CronSim(self.expr, datetime.fromtimestamp(ts, self.tz))).timestamp()
+        start = datetime.fromtimestamp(ts, self.tz)
+        if not self._wall:
+            return self._next_by_offsets(start)
+        ticks = CronSim(self.expr, start)
+        tick = next(ticks).timestamp()
+        if start.fold:
+            # ts is in a repeated hour's second pass, which Debian cron's walk of
+            # wall time reads as the first: its ticks there ran in the first
+            # pass (a repeated hour runs once), before ts.
+            while tick <= ts:
+                tick = next(ticks).timestamp()
+        return tick
 
     def last_at_or_before(self, ts: float) -> float:
         # Cron ticks are whole seconds; a start with microseconds makes cronsim's
         # reverse iteration consider the whole second itself first.
         start = datetime.fromtimestamp(math.floor(ts), self.tz).replace(microsecond=1)
-        return next(CronSim(self.expr, start, reverse=True)).timestamp()
+        last = next(CronSim(self.expr, start, reverse=True)).timestamp()
+        # Walking back, cronsim stops short of ticks next to a change of offset
+        # (half an hour of them, after Lord Howe's half-hour shift), and of the
+        # second that ts, read to the µs, rounds up to: the ticks ahead of its
+        # answer, found by next_after(), tell.
+        nxt = self.next_after(last)
+        while as_us(nxt) <= as_us(ts):
+            last, nxt = nxt, self.next_after(nxt)
+        return last
+
+    def _next_by_offsets(self, start: datetime) -> float:
+        """The next tick of an expression that ticks at each instant whose wall
+        time matches: twice in a repeated hour, never in a skipped one."""
+        # cronsim steps through a zone an hour at a time in UTC, which after a
+        # half-hour shift (Lord Howe) lands on :30 and skips half an hour of
+        # ticks. At a fixed offset it is exact: walk each stretch of one offset.
+        at, offset = start.timestamp(), start.utcoffset()  # read to the µs
+        while True:
+            start = datetime.fromtimestamp(at, timezone(offset or _NO_OFFSET))
+            tick = next(CronSim(self.expr, start)).timestamp()
+            change = _change(self.tz, at, tick, offset)
+            if change is None:
+                return tick
+            at, offset = change - 1, _offset(self.tz, change)
 
     def _latest_at_or_before(self, until: float, known: float) -> float:
         return max(known, self.last_at_or_before(until))
@@ -282,6 +348,32 @@ def _zone(tz: str | tzinfo) -> tzinfo:
             f"unknown timezone {short(tz)}: use an IANA name such as 'Europe/Lisbon' "
             "or 'UTC' (on a system without tz data, install the tzdata package)"
         ) from None
+
+
+_NO_OFFSET = timedelta(0)
+_DAY = 86400
+
+
+def _offset(tz: tzinfo, ts: float) -> timedelta | None:
+    return datetime.fromtimestamp(ts, tz).utcoffset()
+
+
+def _change(tz: tzinfo, since: float, until: float, offset: timedelta | None) -> int | None:
+    """The first whole second after ``since``, up to ``until``, at which ``tz`` is
+    no longer at ``offset`` (its offset just after ``since``); None if it stays.
+    A zone's offset changes on a whole second, and never twice in a day."""
+    if isinstance(tz, timezone):
+        return None
+    near = math.floor(since)  # never read: the offset holds after it
+    while near < until:
+        far = min(near + _DAY, math.ceil(until))
+        if _offset(tz, far) != offset:
+            while far - near > 1:
+                mid = (near + far) // 2
+                near, far = (mid, far) if _offset(tz, mid) == offset else (near, mid)
+            return far
+        near = far
+    return None
 
 
 def _human(delta: timedelta) -> str:

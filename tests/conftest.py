@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from .support.cluster import App
 from .support.pgbouncer import PgBouncer
 from .support.postgres import PostgresServer
 from .support.redis import RedisServer
+from .support.tools import missing
 
 # pytest-asyncio 1.3 asks asyncio for "the current loop" around each test; with
 # none set, asyncio makes one that nobody closes, and its garbage collection
@@ -116,14 +116,12 @@ Server = TypeVar("Server", PostgresServer, RedisServer, PgBouncer)
 def serving(make: Callable[[], Server], what: str) -> Iterator[Server]:
     """A server made and started for the session (a pytest worker's), destroyed
     after. Skips locally where none can start (not even be made: no binaries); in
-    CI (CI=true) that is a failure, never a skip."""
+    CI (CI=true) that is a failure, never a skip (tests/support/tools.py)."""
     try:
         server = make()
         server.start()
     except Exception as exc:  # noqa: BLE001 - reported as the skip/failure reason
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the {what} tests, but no server could start: {exc}")
-        pytest.skip(f"no {what} server could be started here: {exc}")
+        missing(f"a {what} server", f"none could start: {exc}")
     try:
         yield server
     finally:

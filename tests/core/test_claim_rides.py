@@ -218,6 +218,6 @@ async def test_a_small_pool_is_never_kept_from_the_app(
                 async with engine.connect() as conn:
                     assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
                 await anyio.sleep(0.1)
-            assert len(runs) >= 3
+            await poll(lambda: len(runs) >= 3)  # and jobs still tick
     finally:
         await engine.dispose()

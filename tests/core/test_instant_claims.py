@@ -27,6 +27,7 @@ from fastapi_jobs.testing import MemoryStore
 from ..conftest import open_store
 from ..support.instances import Seeing, engine_for, instance
 from ..support.postgres import PostgresServer
+from ..support.waiting import poll
 
 JOBS = [f"job{i}" for i in range(GROUP_FROM + 2)]
 KEY = "k" * 32
@@ -236,6 +237,17 @@ def assert_accounted(
         assert all((job, t) in said for t in left_out), (job, left_out, seen)
 
 
+def ran_six(ran: list[tuple[str, float]], jobs: list[str]) -> bool:
+    """Each of ``jobs`` ran six ticks or more."""
+    counts = Counter(name for name, _ in ran)
+    return all(counts[job] >= 6 for job in jobs)
+
+
+def lost_six(seen: list[TickSkipped]) -> bool:
+    """Six instants or more were claimed by one instance and lost by the other."""
+    return len({(e.instance, e.tick) for e in seen if e.reason == "claimed_elsewhere"}) >= 6
+
+
 async def test_instances_with_the_same_jobs_send_one_instants_claims(
     cluster_url: str, on_statement: Callable[[Callable[..., None]], None]
 ) -> None:
@@ -246,13 +258,16 @@ async def test_instances_with_the_same_jobs_send_one_instants_claims(
     async with engine_for(cluster_url) as engine:
         a, b = ticking_many(engine, ran, JOBS, seen), ticking_many(engine, ran, JOBS, seen)
         async with a.running({"db": engine}), b.running({"db": engine}):
-            await anyio.sleep(0.5)  # both running, their first instants claimed
+            # Both running, their first instants claimed: one has lost an instant.
+            await poll(lambda: any(e.reason == "claimed_elsewhere" for e in seen))
             sent = claims_sent(on_statement)
-            await anyio.sleep(2.0)
+            # However long a loaded machine takes: six instants won and six lost.
+            await poll(lambda: sent["fastapi_jobs_instants"] >= 2 * 6 and lost_six(seen))
+            await poll(lambda: ran_six(ran, JOBS))
             window = Counter(sent)
     assert_accounted(ran, seen, JOBS)
     instants = window["fastapi_jobs_instants"]
-    assert instants >= 2 * 6, window  # both claim each instant (10 in the window)
+    assert instants >= 2 * 6, window  # both claim each instant
     # One claim per instant (the window's edges may cut an instant's statements
     # in two: one more); an instance that wakes late for an instant (its loop
     # stalled past the next tick) claims the latest tick job by job.
@@ -271,7 +286,7 @@ async def test_instances_whose_jobs_differ_each_run_their_own(cluster_url: str) 
         old = ticking_many(engine, ran, JOBS, seen)
         new = ticking_many(engine, ran, [*JOBS, "added"], seen)
         async with old.running({"db": engine}), new.running({"db": engine}):
-            await anyio.sleep(2.0)
+            await poll(lambda: ran_six(ran, [*JOBS, "added"]))
     assert_accounted(ran, seen, [*JOBS, "added"])
 
 

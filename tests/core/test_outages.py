@@ -95,17 +95,22 @@ async def test_statements_blocked_past_the_timeout_leave_nothing_behind(
     ticks: list[datetime] = []
     async with engine_for(database_url) as engine:
         scheduler = ticking(engine, ticks, lease=9, timeout=0.2)
+
+        def unavailable() -> int:
+            return scheduler.job_status("job").skipped.get("store_unavailable", 0)
+
         async with scheduler.running({"db": engine}):
             # Lock halfway between two ticks: the last run has released its claim
             # (a release the lock held up would keep the job for its 3 s lease).
             await poll(lambda: len(ticks) >= 1)
             await anyio.sleep((0.05 - time.time()) % 0.1)
             before = len(ticks)
-            await hold_lock(database_url, engine, 1.0)
+            # Locked until three ticks are skipped, however long that takes.
+            await hold_lock(database_url, engine, 10.0, until=lambda: unavailable() >= 3)
             during = len(ticks)
             # Well within the 9 s lease: claims that came back late were freed.
             await poll(lambda: len(ticks) - during >= 3, within=6.0)
-        skipped = scheduler.job_status("job").skipped.get("store_unavailable", 0)
+        skipped = unavailable()
         left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert left == []
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]

@@ -7,10 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
+from fastapi import FastAPI
 
 from fastapi_jobs import ConfigurationError, Cron, Every, JobContext, Scheduler
+from fastapi_jobs.observers import TickSkipped
 
-from ..conftest import HOUR, START, virtual_scheduler
+from ..conftest import HOUR, START, serve, virtual_scheduler
+from ..support.instances import Seeing
 
 pytestmark = pytest.mark.looptime
 PINNED = 49.931264  # job-0's first tick after the epoch, jitter 59 s at 1 min
@@ -18,6 +21,38 @@ PINNED = 49.931264  # job-0's first tick after the epoch, jitter 59 s at 1 min
 
 def at(hours: float) -> datetime:
     return START + timedelta(hours=hours)
+
+
+async def test_skip_is_the_default_and_each_tick_it_drops_is_counted_as_overlap() -> None:
+    """With no overlap= given, every tick that comes while the run goes is dropped
+    and counted at once as an overlap, in the status (over HTTP too) and to the
+    observers; the next tick after the run runs on time."""
+    scheduler = virtual_scheduler()
+    seen: list[TickSkipped] = []
+    scheduler.add_observer(Seeing(seen))
+    ticks: list[datetime] = []
+
+    @scheduler.every(hours=1)
+    async def long(ctx: JobContext) -> None:
+        ticks.append(ctx.tick)
+        if len(ticks) == 1:
+            await anyio.sleep(2.5 * HOUR)  # 01:00 to 03:30: 02:00 and 03:00 dropped
+
+    app = FastAPI(lifespan=scheduler.lifespan)
+    app.include_router(scheduler.router)
+    async with serve(app) as client:
+        await anyio.sleep(3 * HOUR + 1)
+        during = (await client.get("/jobs/long")).json()  # the run still goes
+        await anyio.sleep(HOUR)
+        after = (await client.get("/jobs/long")).json()
+    assert ticks == [at(1), at(4)]
+    assert (during["overlap"], during["running"]) == ("skip", True)
+    assert during["skipped"] == {"overlap": 2} and during["skipped_ticks"] == 2
+    assert after["skipped"] == {"overlap": 2} and after["runs"] == 2
+    assert [(e.reason, e.tick, e.ticks) for e in seen] == [
+        ("overlap", at(2).timestamp(), 1),
+        ("overlap", at(3).timestamp(), 1),
+    ]
 
 
 async def test_queue_one_runs_one_tick_right_after_the_run_and_drops_the_rest() -> None:

@@ -177,6 +177,15 @@ def test_cron_rejects_invalid_expressions(expr: str) -> None:
         Cron(expr)
 
 
+@pytest.mark.parametrize("expr", ["* * */8 * 0#5", "0 0 LW * */7"])
+def test_cron_that_never_ticks_is_refused_at_declaration(expr: str) -> None:
+    """A day of month and a weekday that no date has both fail at declaration (they
+    raised StopIteration at the first tick, a 500 from a schedule made over HTTP)."""
+    with pytest.raises(ConfigurationError, match=r"never ticks: no date has both"):
+        Cron(expr)
+    assert Cron("0 0 * 2 1#5").next_after(ts(2073, 1, 1)) == ts(2112, 2, 29)  # 39 years on
+
+
 def test_cron_rejects_unknown_timezone() -> None:
     """An unknown timezone fails at declaration with what to use instead."""
     with pytest.raises(ConfigurationError, match=r"unknown timezone 'Mars/Olympus'.*IANA"):

@@ -4,13 +4,11 @@ metrics' (two workers reporting the same cluster figures)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from ..support.tools import program
 
 PAGE = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "metrics.md").read_text()
 (RULES,) = re.findall(r"```yaml\n(groups:.*?)```", PAGE, re.DOTALL)
@@ -86,12 +84,7 @@ tests:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is missing: .ci/run installs Debian's prometheus package")
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
-    return found
+    return program("promtool", "apt-get install prometheus")
 
 
 def test_the_readmes_alert_rules_fire_when_they_should(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The suite's own tools hold when the machine is loaded: the uvicorn harness
-(tests/support/cluster.py) and the pauser (tests/support/pauses.py)."""
+"""The suite's own tools hold: the uvicorn harness (tests/support/cluster.py) and
+the pauser (tests/support/pauses.py) when the machine is loaded, and a tool that
+is missing fails CI (tests/support/tools.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ..conftest import serving
 from ..support.cluster import ROOT, App
+from ..support.postgres import PostgresServer
+from ..support.tools import module, program
 
 
 def test_an_app_counts_as_started_once_it_listens(tmp_path: Path, apps: list[App]) -> None:
@@ -66,3 +70,42 @@ def test_the_pauser_stops_every_xdist_worker(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     passed = [line for line in done.stdout.splitlines() if "PASSED" in line]
     assert {line.split()[0] for line in passed} == {"[gw0]", "[gw1]"}, done.stdout
+
+
+@pytest.mark.parametrize("ci", ["true", "1", None, "false"])
+def test_a_missing_tool_skips_its_tests_here_and_fails_them_in_ci(
+    ci: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Python module, a program or a server the tests need and the machine
+    lacks skips the tests that need it; under CI=true it fails them instead."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    outcome = pytest.fail.Exception if ci in ("true", "1") else pytest.skip.Exception
+
+    def no_server() -> PostgresServer:
+        raise RuntimeError("no initdb")
+
+    with pytest.raises(outcome, match="fastapi_jobs_absent"):
+        module("fastapi_jobs_absent")
+    with pytest.raises(outcome, match="fastapi-jobs-absent"):
+        program("fastapi-jobs-absent", "no remedy", at="/nonexistent/fastapi-jobs-absent")
+    with pytest.raises(outcome, match="no initdb"):
+        next(serving(no_server, "PostgreSQL"))
+    assert module("json").dumps([]) == "[]"
+
+
+def test_every_skip_for_a_missing_tool_goes_through_one_place() -> None:
+    """No test skips on a missing import by itself (pytest.importorskip) or decides
+    by itself what CI does: tests/support/tools.py does both, so that CI fails."""
+    tests = Path(__file__).parents[1]
+    own = {tests / "support" / "tools.py", Path(__file__)}
+    found = [
+        f"{path.relative_to(tests)}: {needle}"
+        for path in sorted(tests.rglob("*.py"))
+        if path not in own
+        for needle in ("importorskip", 'environ.get("CI")', "environ['CI']")
+        if needle in path.read_text()
+    ]
+    assert found == []

@@ -6,7 +6,7 @@ prepared statement kept by one client meets another client's parameters."""
 from __future__ import annotations
 
 import asyncio
-import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,8 +66,15 @@ def test_three_instances_behind_a_transaction_pooler_run_every_tick_once(
         apps.append(App(url, JOBS=12, INTERVAL=0.5, TIMEOUT=2, STORE_URL=1))
     for app in apps:
         app.wait_started()
-    time.sleep(5)
-    wait_until(lambda: len({r[3] for r in _runs(direct)}) >= 2, timeout=20)
+
+    def shared() -> bool:
+        # Eight runs of each job, however long a loaded machine takes, shared by
+        # two instances at least.
+        found = _runs(direct)
+        each = Counter(r[0] for r in found)
+        return len({r[3] for r in found}) >= 2 and all(each[f"job{n}"] >= 8 for n in range(12))
+
+    wait_until(shared, timeout=30)
     for app in apps:
         app.terminate()
     said = warnings(apps)

@@ -4,29 +4,21 @@ fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from .tools import module, program
 
 
 @contextmanager
 def chromium() -> Iterator[Any]:
     """A launched browser; the test skips without Chromium, and fails in CI."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is missing: .ci/run installs Debian's chromium package")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    sync_api = module("playwright.sync_api")
+    found = program("chromium", "apt-get install chromium", at="/usr/bin/chromium")
     with sync_api.sync_playwright() as playwright:
         # --no-sandbox: CI runs as root, where Chromium's sandbox cannot start.
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
         try:
             yield launched
         finally:

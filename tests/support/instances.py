@@ -5,9 +5,10 @@ ticks, a lock held by another client, the check that every tick is accounted for
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 
@@ -18,6 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from fastapi_jobs import Every, JobContext, Scheduler
 from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
+
+from .waiting import poll
 
 
 @asynccontextmanager
@@ -53,15 +56,24 @@ def ticking(engine: AsyncEngine, ticks: list[datetime], **store_options: object)
     return scheduler
 
 
-async def hold_lock(url: str, engine: AsyncEngine, seconds: float) -> None:
-    """Another client locks the claims for ``seconds``: store statements block."""
+async def hold_lock(
+    url: str, engine: AsyncEngine, seconds: float, until: Callable[[], bool] | None = None
+) -> None:
+    """Another client locks the claims for ``seconds``, or until ``until()`` holds
+    (looked at every 10 ms, for ``seconds`` at most): store statements block."""
+
+    def over(deadline: float) -> bool:
+        return time.monotonic() >= deadline or (until is not None and until())
+
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1]
 
         def hold() -> None:
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("BEGIN EXCLUSIVE")
-            time.sleep(seconds)
+            deadline = time.monotonic() + seconds
+            while not over(deadline):
+                time.sleep(0.01)
             conn.execute("COMMIT")
             conn.close()
 
@@ -69,7 +81,8 @@ async def hold_lock(url: str, engine: AsyncEngine, seconds: float) -> None:
     else:
         async with engine.begin() as conn:
             await conn.execute(sa.text("LOCK TABLE fastapi_jobs_claims IN ACCESS EXCLUSIVE MODE"))
-            await anyio.sleep(seconds)
+            with anyio.move_on_after(seconds):
+                await poll(lambda: until is not None and until(), within=math.inf, every=0.01)
 
 
 class Seeing:

@@ -20,9 +20,10 @@ from fastapi_jobs._dynamic.stored import encode
 from ..apps.page_app import HOSTILE, RARE, SCRIPT_ERROR
 from ..conftest import open_store
 from ..support.cluster import App
+from ..support.tools import module
 from ..support.waiting import wait_until
 
-sync_api = pytest.importorskip("playwright.sync_api")
+sync_api = module("playwright.sync_api")
 
 PASSWORD = "s3cret-for-the-page"
 JOBS = ["fine", "broken", "slow", "held", "fresh", HOSTILE, "tenant-report"]

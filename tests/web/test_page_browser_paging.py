@@ -13,10 +13,11 @@ import pytest
 
 from ..apps.page_app import HOSTILE
 from ..support.cluster import App
+from ..support.tools import module
 from .many import LEGACY, PAUSED, TENANTS, seed, tenant
 from .test_page_browser import PASSWORD, Watched
 
-sync_api = pytest.importorskip("playwright.sync_api")
+sync_api = module("playwright.sync_api")
 
 DECLARED = ["fine", "broken", "slow", "held", "fresh", HOSTILE]
 
