@@ -38,10 +38,8 @@ def claim(
     manual: bool = False,
     take_over: bool = False,
     released_only: bool = False,
-    wanted: Any = None,
 ) -> Any:
-    """The claim of many jobs in one statement (rows as in ``rows_cte``; or
-    ``wanted``, that CTE, shared with `changed`). A paused
+    """The claim of many jobs in one statement (rows as in ``rows_cte``). A paused
     job's tick is not claimed, unless ``manual`` (an operator asked for the run);
     with ``schedules``, see `_current`. ``take_over``: the jobs' overlap policy is
     ``replace``, and a lease still held does not stop the claim (`replaced_runs`
@@ -50,7 +48,7 @@ def claim(
     once its lease is over (see `_taken_over`)."""
     c, now = claims, db_now()
     lease = sa.bindparam("b_lease", type_=sa.Double)
-    wanted = wanted_rows(dialect) if wanted is None else wanted
+    wanted = wanted_rows(dialect)
     due = sa.select(
         wanted.c.job,
         wanted.c.tick,
@@ -96,14 +94,16 @@ def claim_instant(instants: sa.Table, insert: Insert) -> Any:
     ).returning(i.c.key)
 
 
-def changed(schedules: sa.Table, wanted: Any) -> Any:
-    """The rows of ``wanted`` (the claim's CTE) that `_current` refuses for their
+def changed(schedules: sa.Table, dialect: str) -> Any:
+    """The rows of a claim (its ``b_rows``) that `_current` refuses for their
     version: a stored schedule's tick asked under a version its row no longer
     has (changed, or removed, since the claimer read it). Returned beside the
     claims, each as ``(job, NULL)``, so that the claimer is told the true reason
     and reads the change at once, rather than taking the tick as claimed
-    elsewhere."""
-    s = schedules
+    elsewhere. The rows are a CTE of their own: a CTE read twice is
+    materialized by PostgreSQL, which then plans the claim itself blind (a
+    nested loop over every stored schedule for each row)."""
+    s, wanted = schedules, wanted_rows(dialect, "asked")
     return sa.select(wanted.c.job, sa.cast(sa.null(), sa.BigInteger)).where(
         wanted.c.version.is_not(None),
         sa.exists().where(s.c.name == wanted.c.job, s.c.version != wanted.c.version),
@@ -131,12 +131,10 @@ def with_clock(returning: Any, also: Any = None) -> Any:
     return sa.union_all(*parts)
 
 
-def wanted_rows(dialect: str) -> Any:
+def wanted_rows(dialect: str, name: str = "wanted") -> Any:
     """The CTE of a claim's rows: ``(job, tick, version)``, the version only for
     a stored schedule's."""
-    return rows_cte(
-        "wanted", {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}, dialect
-    )
+    return rows_cte(name, {"job": sa.String, "tick": sa.Double, "version": sa.BigInteger}, dialect)
 
 
 def _claimable(

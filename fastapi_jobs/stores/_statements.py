@@ -25,7 +25,6 @@ from ._claim_statements import (
     claim_instant,
     reclaim,
     replaced_runs,
-    wanted_rows,
     with_clock,
 )
 from ._db_clock import db_now
@@ -121,21 +120,19 @@ class Statements:
             if kind == "claim_instant":
                 made = claim_instant(t.instants, self._insert)
                 return with_clock(made) if self.dialect == "postgresql" else made
-            wanted = wanted_rows(self.dialect)
             made = claim(
                 *(t.claims, t.pauses, self._insert, self.dialect, schedules),
                 manual=kind == "claim_manual",
                 take_over=kind == "claim_replace",
                 released_only=kind == "claim_handoff",
-                wanted=wanted,
             )
             if self.dialect != "postgresql":
                 return made  # its refusals for a version: `claim_changed`, after it
-            told = changed(schedules, wanted) if versioned and schedules is not None else None
+            told = changed(schedules, self.dialect) if versioned and schedules is not None else None
             return with_clock(made, told)
         if kind == "claim_changed":
             assert schedules is not None
-            return changed(schedules, wanted_rows(self.dialect))
+            return changed(schedules, self.dialect)
         if kind == "replaced_runs":
             return replaced_runs(t.claims, t.pauses, t.runs, self.dialect, schedules)
         if kind == "reclaim":
