@@ -373,6 +373,18 @@ def test_an_error_message_is_cut_to_one_printable_line() -> None:
     assert ErrorInfo.of(Unprintable()).message == "(its message could not be read)"
 
 
+def test_a_message_of_a_megabyte_is_shown_at_once_with_its_secrets_hidden() -> None:
+    """The message is read in one pass: a megabyte of one word, of spaces and of
+    quotes (each a run a pattern tried from each position of took minutes, a
+    status page's request and the event loop with it) comes back shown, the
+    secret in it hidden."""
+    from fastapi_jobs import ErrorInfo
+
+    for filler in ("x" * 1_000_000, " " * 1_000_000, "'" * 1_000_000):
+        said = ErrorInfo.of(ValueError(f"api_key={'k' * 50} {filler} [SQL: x]")).message
+        assert said.startswith("api_key=[hidden]") and "kkk" not in said
+
+
 @pytest.mark.looptime
 async def test_retries_under_a_claim_never_cost_the_next_tick() -> None:
     """With a store too, a failing job's retries end before its next tick: a job
