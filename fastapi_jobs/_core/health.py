@@ -34,9 +34,11 @@ Call = Literal["claims", "heartbeats"]
 
 
 class StoreHealth:
-    """Whether ``Call``s to the store fail, and since when; says so once at
-    ERROR when they have failed for longer than ``lease``, and once when they
-    mend."""
+    """Whether ``Call``s to the store fail: for each kind, the first and the
+    latest failure since its last success. Failing once failures of one kind
+    span more than ``lease`` (at once for a refused configuration): said once
+    at ERROR, and once when they mend. A single failure is no outage however
+    long the next call of its kind is in coming (an hourly job's claim)."""
 
     def __init__(
         self,
@@ -47,52 +49,51 @@ class StoreHealth:
         self.logger = logger
         self.lease = lease
         self._now = now
-        self._since: dict[Call, float] = {}  # each call failing: since its first failure
+        self._streaks: dict[Call, tuple[float, float]] = {}  # first and latest failure
         self._refused: ConfigurationError | None = None  # a failure that never mends
         self._told = False  # the ERROR line was written for the current failure
         self.last_error: BaseException | None = None
 
     def ok(self, call: Call) -> None:
         """A call of this kind went through: it fails no more."""
-        if self._since.pop(call, None) is None:
+        if self._streaks.pop(call, None) is None:
             return
-        if not self._since:
+        if not self._streaks:
             self._refused = None
-            if self._told:
-                self._told = False
-                self.logger.warning("the store answers again: claimed jobs run on this instance")
+        if self._told and self.failing_for() is None:
+            self._told = False
+            self.logger.warning("the store answers again: claimed jobs run on this instance")
 
     def failed(self, call: Call, error: BaseException) -> None:
         """A call of this kind failed with ``error``."""
-        self._since.setdefault(call, self._now())
+        now = self._now()
+        first, _ = self._streaks.get(call, (now, now))
+        self._streaks[call] = first, now
         self.last_error = error
         if isinstance(error, ConfigurationError):
             self._refused = error
-        if not self._told and self.failing_for() is not None:
+        failing = self.failing_for()
+        if not self._told and failing is not None:
             self._told = True
             self.logger.error(
                 "the store has failed every %s for %.0fs (more than its lease, %gs): "
                 "no claimed job runs on this instance until it answers; the last error: %s",
-                self._longest(),
-                self._now() - min(self._since.values()),
+                "claim" if call == "claims" else "heartbeat",
+                failing,
                 self.lease,
                 error if isinstance(error, ConfigurationError) else repr(error),
             )
 
     def failing_for(self) -> float | None:
-        """How long the calls have failed, once that is too long (longer than
-        the lease, or at once for a refused configuration); else None."""
-        if not self._since:
-            return None
-        longest = self._now() - min(self._since.values())
-        if self._refused is not None or longest > self.lease:
-            return longest
-        return None
-
-    def _longest(self) -> str:
-        """The kind of call failing longest, as the ERROR line names it."""
-        call = min(self._since, key=self._since.__getitem__)
-        return "claim" if call == "claims" else "heartbeat"
+        """How long the calls have failed, once that is too long (failures of
+        one kind over more than the lease, or a refused configuration at once);
+        else None."""
+        spans = [
+            first
+            for first, latest in self._streaks.values()
+            if self._refused is not None or latest - first > self.lease
+        ]
+        return None if not spans else self._now() - min(spans)
 
 
 def health_of(state: SchedulerState, store: StoreHealth | None, lease: float | None) -> Health:
