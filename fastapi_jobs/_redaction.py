@@ -23,6 +23,7 @@ __all__ = [
     "error_shown",
     "error_text",
     "hidden",
+    "hide_secrets",
     "is_text",
     "masked_repr",
     "shown",
@@ -69,12 +70,17 @@ def error_shown(error: BaseException) -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - a broken __str__ is the job's, not ours
         text = "(its message could not be read)"
     line = text.partition("\n")[0]
+    # Only the start of a long line is shown: only so much of it is read (a
+    # message of a megabyte would hold the event loop), a URL cut in its
+    # credentials hidden to the end.
+    long = len(line) > _READ
+    line = _OPEN_AUTHORITY.sub(HIDDEN, line[:_READ]) if long else line
     if _from_database(error):
         line = _hide_values(_SQL_PARTS.split(line, maxsplit=1)[0])
     # Any error may quote a URL or a setting (an HTTP client's, a broker's):
     # a URL's credentials and the value of a secret-like name are hidden.
-    line = _SETTING.sub(_hide_setting, _USERINFO.sub(HIDDEN + "@", line))
-    cut = len(line) > MAX_MESSAGE
+    line = hide_secrets(line)
+    cut = long or len(line) > MAX_MESSAGE
     line = _SQL_PARTS.split(line[:MAX_MESSAGE], maxsplit=1)[0]
     shown = "".join(c if c.isprintable() else " " for c in line).strip()
     if cut:
@@ -82,10 +88,46 @@ def error_shown(error: BaseException) -> tuple[str, str]:
     return type(error).__name__[:MAX_MESSAGE], shown
 
 
-def _hide_setting(setting: re.Match[str]) -> str:
-    """A ``name=value`` of a message, its value hidden if the name is a secret's."""
-    name, said, _ = setting.groups()
-    return name + said + HIDDEN if _SECRET.search(name) else setting.group(0)
+def hide_secrets(text: str) -> str:
+    """``text`` with a URL's credentials hidden, and the value of every setting
+    whose name holds a secret's word (``password=hunter2``, ``token: abc``,
+    ``"api_key": "..."``, ``?api_key=abc``, ``Authorization: Bearer abc``,
+    ``secret: [a, b]``): in one pass over the text, however long and whatever
+    it holds."""
+    text = _USERINFO.sub(HIDDEN + "@", text)
+    parts: list[str] = []
+    kept = at = 0
+    while (word := _SECRET.search(text, at)) is not None:
+        name_end = _NAME_REST.match(text, word.end()).end()  # type: ignore[union-attr]
+        said = _SAID.match(text, name_end)
+        if said is None:
+            at = name_end  # a word that names no setting: on after its name
+            continue
+        start, end = _value(text, said.end())
+        parts += (text[kept:start], HIDDEN)
+        kept = at = end
+    return "".join(parts) + text[kept:] if parts else text
+
+
+def _value(text: str, start: int) -> tuple[int, int]:
+    """Where the value of a setting that starts at ``start`` lies: a quoted one
+    inside its quotes, a list or an object with its brackets, a word of an auth
+    scheme (``Bearer``) with the credential after it, any other up to the first
+    space or delimiter."""
+    opening = text[start : start + 1]
+    closing = _CLOSING.get(opening)
+    if closing is not None:
+        end = text.find(closing, start + 1)
+        if opening in "[{":
+            return start, len(text) if end < 0 else end + 1
+        return start + 1, len(text) if end < 0 else end
+    word = _VALUE.match(text, start)
+    end = start if word is None else word.end()
+    if text[start:end].lower() in _SCHEMES:
+        credential = _CREDENTIAL.match(text, end)
+        if credential is not None:
+            end = credential.end()
+    return start, end
 
 
 def error_text(error: BaseException) -> str:
@@ -150,13 +192,20 @@ The HTTP reference lists them; a test holds the two lists equal."""
 
 _WORDS = "|".join(re.escape(word).replace("_", "[-_]?") for word in SECRET_NAMES)
 _SECRET = re.compile(_WORDS, re.IGNORECASE)
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")  # the user:password@ of a URL
-# ``password=hunter2``, ``token: sk_live_...``, ``"api_key": "..."`` in a message:
-# every ``name=value`` (a name is a whole run of word characters, taken at once:
-# linear on a line of 10,000 of them, where a name pattern tried from each
-# position of the run took seconds), its value hidden where the name holds a
-# secret's word (`_hide_setting`).
-_SETTING = re.compile(r"""(?<![\w-])([\w-]++)(["']?\s*+[:=]\s*+["']?)([^\s"',;&)}\]]++)""")
+# The user:password@ of a URL, to its last @ (``redis://:p@ss@cache``); each
+# part taken at once: linear, whatever the text holds.
+_USERINFO = re.compile(r"(?<=://)(?:[^/\s@]*+@)++")
+# A URL cut in its credentials, at the end of a line cut short.
+_OPEN_AUTHORITY = re.compile(r"(?<=://)[^/\s]*+\Z")
+_READ = 4 * 1024  # the characters of an error's first line read, at most
+# A setting (`hide_secrets`): the rest of a name holding a secret's word, the
+# ":" or "=" after it (the name quoted or not), then its value.
+_NAME_REST = re.compile(r"[\w-]*+")
+_SAID = re.compile(r"""["']?[ \t]*+[:=][ \t]*+""")
+_VALUE = re.compile(r"""[^\s"',;&)}\]]*+""")
+_CREDENTIAL = re.compile(r"[ \t]++[^\s\"',;&)}\]]++")
+_CLOSING = {'"': '"', "'": "'", "[": "]", "{": "}"}
+_SCHEMES = frozenset({"bearer", "basic", "digest", "token", "negotiate", "apikey", "key"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -196,6 +245,8 @@ def _masked(value: Any) -> Any:
         return [_masked(item) for item in value]
     if isinstance(value, tuple):
         return tuple(_masked(item) for item in value)
-    if isinstance(value, str) and "@" in value:
-        return _USERINFO.sub(HIDDEN + "@", value)  # a URL's credentials, whatever its name
+    if isinstance(value, str):
+        # A URL's credentials, and a secret's setting in a text (a DSN's
+        # ``password=...``, a URL's ``?token=...``), whatever the name it is under.
+        return hide_secrets(value)
     return value

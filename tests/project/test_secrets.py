@@ -429,3 +429,54 @@ def test_a_repr_hides_them_in_tuples_and_survives_a_cycle() -> None:
     cycle: dict[str, Any] = {"tenant": "acme"}
     cycle["self"] = cycle
     assert "kwargs='[hidden]'" in repr(ScheduleSpec("s", "sync", Every(hours=1), kwargs=cycle))
+
+
+ERROR_FORMS = [
+    ("login failed: password=hunter2", "login failed: password=[hidden]"),
+    ("error: token=abc123", "error: token=[hidden]"),
+    ("Authorization: Bearer abc123", "Authorization: [hidden]"),
+    (
+        "GET https://api.test/x?api_key=abc123 failed",
+        "GET https://api.test/x?api_key=[hidden] failed",
+    ),
+    ("password='correct horse battery'", "password='[hidden]'"),
+    ("secret: [abc123, def456]", "secret: [hidden]"),
+    ("redis://:p@ss@cache:6379", "redis://[hidden]@cache:6379"),
+    ('{"api_key": "abc", "n": 1}', '{"api_key": "[hidden]", "n": 1}'),
+    ("host=db password=s3cret dbname=app", "host=db password=[hidden] dbname=app"),
+    ("no secret here: n=1", "no secret here: n=1"),
+]
+
+
+@pytest.mark.parametrize(("said", "shown"), ERROR_FORMS, ids=[s for s, _ in ERROR_FORMS])
+def test_a_secret_in_an_errors_text_is_hidden_in_each_form_it_takes(said: str, shown: str) -> None:
+    """A secret's setting in a job's error is hidden whatever words come before
+    it, quoted, in a list, in a URL's query, after an auth scheme, or in the
+    credentials of a URL with an @ in its password."""
+    from fastapi_jobs import ErrorInfo
+
+    assert ErrorInfo.of(RuntimeError(said)).message == shown
+
+
+def test_a_secret_in_a_kwargs_text_is_hidden_whatever_its_name() -> None:
+    """A value that holds a DSN's password or a URL's token is hidden in it, as
+    an error's text is, under a name that is no secret's."""
+    from fastapi_jobs._redaction import shown
+
+    kwargs = {"conninfo": "host=db password=hunter2", "url": "https://x.test/?token=abc"}
+    assert shown(kwargs) == {
+        "conninfo": "host=db password=[hidden]",
+        "url": "https://x.test/?token=[hidden]",
+    }
+
+
+def test_a_long_error_is_read_only_as_far_as_it_is_shown() -> None:
+    """Only the start of a megabyte's first line is read; a URL cut in its
+    credentials there is hidden to the end."""
+    from fastapi_jobs import ErrorInfo
+
+    said = ErrorInfo.of(RuntimeError("x" * 4090 + " https://user:" + "p" * 1_000_000)).message
+    assert "ppp" not in said and len(said) == 300
+    assert ErrorInfo.of(RuntimeError("redis://user:" + "p" * 1_000_000)).message.startswith(
+        "redis://[hidden]"
+    )
