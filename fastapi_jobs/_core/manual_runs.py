@@ -147,12 +147,20 @@ class Operator:
             return JobRunningError(name, message=f"job {name!r} is paused in the store")
         last, at = None if held is None else held.last_tick, as_datetime(tick)
         if held is not None and last is not None and last > at:
-            # The database's clock is behind the job's last claim (stepped back):
-            # a claim is for a tick after the last one only.
+            # A claim is for a tick after the last one only.
+            now = as_datetime(self._parts.ticking.now())
+            if last > now:  # the database's clock is behind the job's last claim
+                return JobRunningError(
+                    name,
+                    message=f"job {name!r} last ran for {last.isoformat()}, later than now "
+                    f"on the database's clock ({now.isoformat()}; stepped back?): try again "
+                    "after it",
+                )
             return JobRunningError(
                 name,
-                message=f"job {name!r} last ran for {last.isoformat()}, later than now on the "
-                f"database's clock ({at.isoformat()}; stepped back?): try again after it",
+                message=f"job {name!r} last ran for {last.isoformat()} (a run by hand, or a "
+                f"later tick), after the tick {at.isoformat()} asked for: a tick runs once, "
+                "and never after a later one; its next tick runs",
             )
         if held is not None and last is not None and last == at:
             return JobRunningError(

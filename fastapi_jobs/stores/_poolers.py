@@ -127,7 +127,8 @@ def _kept_statements(driver: str, seen: str) -> ConfigurationError:
     return ConfigurationError(
         f"the store's engine reaches PostgreSQL through a connection pooler ({seen}), and "
         "its connections keep prepared statements: in the pooler's transaction mode "
-        "they run on other clients' server connections, with other parameters. "
+        "they run on other clients' server connections, with other parameters (the "
+        "store cannot tell that mode from session mode, where they would be safe). "
         f"Make the engine with connect_args={{{argument!r}: {value!r}}}, or give the "
         "store the URL: SQLAlchemyStore(url) makes an engine of its own that keeps none"
     )

@@ -11,6 +11,8 @@ import pytest
 from fastapi import FastAPI
 
 from fastapi_jobs import JobContext, JobNotFoundError, JobRunningError
+from fastapi_jobs._scheduler import seam_of
+from fastapi_jobs.testing import MemoryStore
 
 from ..conftest import HOUR, START, serve, virtual_scheduler
 
@@ -119,3 +121,21 @@ async def test_job_is_an_ordinary_function() -> None:
 
     await greet(JobContext("greet", START, {"who": "me"}, logging.getLogger("t")))
     assert out == ["me"]
+
+
+@pytest.mark.looptime
+async def test_the_current_tick_after_a_run_by_hand_is_refused_saying_so() -> None:
+    """A daily job run by hand at 01:00 has claimed 01:00: a run of its current
+    tick (00:00, as `fastapi-jobs run` asks) is refused saying a later run took
+    it, not that the database's clock was stepped back."""
+    scheduler = virtual_scheduler(store=MemoryStore())
+
+    @scheduler.every(hours=24)
+    async def nightly() -> None: ...
+
+    async with scheduler.running(ticking=False):
+        await anyio.sleep(3600)
+        await (await scheduler.trigger("nightly")).wait()
+        with pytest.raises(JobRunningError, match="a run by hand, or a later tick") as info:
+            await seam_of(scheduler).start_current_tick("nightly")
+    assert "stepped back" not in str(info.value)
