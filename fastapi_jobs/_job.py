@@ -157,12 +157,13 @@ class Job:
         options: JobOptions,
         *,
         where: str = "add_job",
-        outbox: Outbox | None = None,
+        outbox: Callable[[], Outbox | None] | None = None,
         task: str | None = None,
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; `ConfigurationError` says what to fix.
-        ``outbox``: the store's, for a hand-off; ``task``: a stored schedule's."""
+        ``outbox``: gives the store's outbox at each run, for a hand-off;
+        ``task``: a stored schedule's."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")

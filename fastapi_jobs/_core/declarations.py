@@ -51,7 +51,9 @@ def add_job(
             "scheduler is already running; declare jobs before the app starts"
         )
     # A store may keep an outbox (a record of the ticks handed off to queues).
-    job = Job.build(func, schedule, options, where=where, outbox=parts.capabilities.outbox)
+    # The outbox of the store the scheduler has when a run goes (a test may give
+    # it another for a while: testing.virtual), not the one it had here.
+    job = Job.build(func, schedule, options, where=where, outbox=lambda: parts.capabilities.outbox)
     if job.name in parts.runners:
         raise ConfigurationError(f"job {job.name!r} is declared twice: give one of them name=")
     if job.name in RESERVED:

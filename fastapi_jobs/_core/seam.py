@@ -129,6 +129,8 @@ class Seam:
         connect(self._parts, clock, store, self._pauses.apply, reads)
         self._pauses.forget()
         for runner in self._parts.runners.values():
+            for tell in self._parts.leaving:  # what it counted is kept (metrics' counters)
+                tell(runner)
             runner.afresh()
 
     def health(self) -> Health:

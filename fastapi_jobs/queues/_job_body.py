@@ -26,6 +26,11 @@ from . import Handoff, HandoffRequest, Outbox, handoff_key
 __all__ = ["handing_off"]
 
 
+def _none() -> None:
+    """No outbox (a stored schedule's hand-off, or a store without one)."""
+    return None
+
+
 def handing_off(
     name: str,
     func: Callable[..., Any],
@@ -33,16 +38,20 @@ def handing_off(
     *,
     is_async: bool,
     takes_context: bool,
-    outbox: Outbox | None,
+    outbox: Callable[[], Outbox | None] | None,
 ) -> Callable[[JobContext], Awaitable[None]]:
     """The run of hand-off job ``name``: call ``func`` (in a worker thread if
     sync), then enqueue its keyword arguments with ``handoff`` under the
-    tick's key (``outbox``: the scheduler's store's, for the queues that need
-    it). What either raises is the run's failure."""
+    tick's key (``outbox``: gives the scheduler's store's outbox at each run,
+    for the queues that need it: the store a test gives the scheduler for a
+    while, ``testing.virtual``, is the one a run uses). What either raises is
+    the run's failure."""
 
     tried = [math.nan]  # the tick this process last tried to hand off
+    outbox_of = outbox or _none
 
     async def hand_off(ctx: JobContext) -> None:
+        outbox = outbox_of()
         tick = ctx.tick.timestamp()
         maybe_sent = tick == tried[0]  # a retry: the first attempt may have gone through
         tried[0] = tick

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from fastapi_jobs import ConfigurationError, JobContext, Scheduler, SystemClock
+from fastapi_jobs.queues import HandoffRequest
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore, virtual
 
@@ -98,3 +99,34 @@ async def test_wrong_arguments_and_a_running_scheduler_are_refused() -> None:
             virtual(scheduler, START),
         ):
             pass
+
+
+class Recorded:
+    """A queue that keeps each request it is given (its outbox among them)."""
+
+    name = "recorded queue"
+
+    def __init__(self) -> None:
+        self.requests: list[HandoffRequest] = []
+
+    async def enqueue(self, request: HandoffRequest) -> str:
+        self.requests.append(request)
+        return request.key
+
+
+async def test_a_hand_off_in_the_block_uses_the_memory_stores_outbox_none(tmp_path: Path) -> None:
+    """A hand-off job declared with a SQL store (whose outbox Celery's hand-off
+    uses) runs in the block with the store it has there, which keeps no
+    outbox: its request says none, instead of failing on the SQL store's."""
+    queue = Recorded()
+    scheduler = Scheduler(store=SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'j.sqlite3'}"))
+
+    @scheduler.every(minutes=1, enqueue=queue)
+    def digest() -> dict[str, object]:
+        return {"audience": "all"}
+
+    with virtual(scheduler, START):
+        async with scheduler.running():
+            await anyio.sleep(61)
+    [request] = queue.requests
+    assert request.outbox is None and request.kwargs == {"audience": "all"}

@@ -217,3 +217,24 @@ async def test_a_removed_cron_jobs_interval_is_not_kept() -> None:
         for k in range(3):
             await scheduler.remove_schedule(f"cron{k}")
         assert metrics._rows._intervals == {}
+
+
+async def test_a_virtual_block_keeps_the_counters_of_the_runs_before_it() -> None:
+    """`testing.virtual` starts the jobs afresh: the metrics keep what they
+    counted before it, and count on from there, in the block and after it."""
+    from datetime import UTC, datetime
+
+    from fastapi_jobs.testing import virtual
+
+    scheduler = with_work()
+    registry = CollectorRegistry()
+    rising = Rising(instrument(scheduler, registry=registry), registry)
+    for _ in range(2):
+        await scheduler.run_now("digest")
+    before = summed(await rising.scrape(), "runs_total", job_name="digest", outcome="ok")
+    with virtual(scheduler, datetime(2026, 3, 2, tzinfo=UTC)):
+        assert scheduler.job_status("digest").runs == 0
+        await scheduler.run_now("digest")
+        inside = summed(await rising.scrape(), "runs_total", job_name="digest", outcome="ok")
+    after = summed(await rising.scrape(), "runs_total", job_name="digest", outcome="ok")
+    assert (before, inside, after) == (2, 3, 3)
