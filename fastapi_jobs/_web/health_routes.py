@@ -4,6 +4,7 @@ hosts and errors and sits behind the app's auth: a probe carries none."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends
@@ -18,17 +19,26 @@ if TYPE_CHECKING:
 
 __all__ = ["build_health_router"]
 
+# What a probe can ask for as written: no query, fragment, space or parameter.
+_PATH = re.compile(r"[A-Za-z0-9\-_.~/]+")
+
 
 def build_health_router(seam: Seam, path: str) -> APIRouter:
-    if not isinstance(path, str) or not path.startswith("/") or path.endswith("/"):
+    if (
+        not isinstance(path, str)
+        or not path.startswith("/")
+        or path.endswith("/")
+        or not _PATH.fullmatch(path)
+    ):
         raise ConfigurationError(
             f"health_router(path={short(path)}): give a path that starts with '/' and "
-            "does not end with one, e.g. '/healthz/jobs'"
+            "does not end with one, of letters, digits and - _ . ~ / only, e.g. '/healthz/jobs'"
         )
     router = APIRouter(tags=["jobs"], dependencies=[Depends(checked_query)])
 
-    @router.get(
+    @router.api_route(
         path,
+        methods=["GET", "HEAD"],  # a load balancer's check may be a HEAD
         response_model=Health,
         summary="Whether the scheduler does its work",
         description="200 while the scheduler runs and its store answers; 503 when it is "

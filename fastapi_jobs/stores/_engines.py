@@ -71,7 +71,11 @@ def check_source(engine: object) -> None:
         ) from None
     if _in_memory(url):
         raise ConfigurationError(f"SQLAlchemyStore({url!r}) {_IN_MEMORY}")
-    if url.get_driver_name() not in _ASYNC_DRIVERS.get(url.get_backend_name(), ()):
+    try:
+        driver = url.get_driver_name()
+    except sa.exc.NoSuchModuleError:  # a name SQLAlchemy has no dialect for: postgres://
+        driver = ""
+    if driver not in _ASYNC_DRIVERS.get(url.get_backend_name(), ()):
         # The URL as SQLAlchemy shows it: the password is masked.
         raise ConfigurationError(
             f"SQLAlchemyStore({url!r}): use PostgreSQL or SQLite through an async "

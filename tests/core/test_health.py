@@ -86,10 +86,14 @@ async def test_a_scheduler_not_running_is_unhealthy_and_says_why() -> None:
     app = FastAPI()
     app.include_router(scheduler.health_router())
     before = await _probe(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        head = (await client.head("/healthz/jobs")).status_code
     async with scheduler.running():
         during = await _probe(app)
     after = await _probe(app)
     assert before[0] == after[0] == 503 and during[0] == 200
+    assert head == 503  # a load balancer's HEAD is answered as a GET
     assert before[1]["status"] == after[1]["status"] == "not_running"
     assert (before[1]["scheduler"], after[1]["scheduler"]) == ("never_started", "stopped")
     assert "lifespan=scheduler.lifespan" in str(before[1]["detail"])
@@ -113,7 +117,7 @@ def test_the_health_route_takes_a_path_of_its_own() -> None:
     scheduler = Scheduler()
     router = scheduler.health_router("/ready")
     assert [route.path for route in router.routes] == ["/ready"]  # type: ignore[attr-defined]
-    for bad in ("ready", "/ready/", 7):
+    for bad in ("ready", "/ready/", 7, "/a?x=1", "/a#f", "/a b", "/a/{x}", "/é"):
         with pytest.raises(ConfigurationError, match="starts with '/'"):
             scheduler.health_router(bad)  # type: ignore[arg-type]
 

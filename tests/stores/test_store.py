@@ -615,6 +615,7 @@ async def test_creating_the_tables_is_not_held_to_an_operations_deadline(
         "postgresql+psycopg2://app:s3cret@db/app",  # no asyncio
         "sqlite:///jobs.sqlite3",  # pysqlite
         "mysql+aiomysql://app:s3cret@db/app",
+        "postgres://app:s3cret@db/app",  # a name SQLAlchemy has no dialect for (Heroku's)
     ],
 )
 def test_a_url_without_an_async_driver_of_a_supported_database_is_refused(url: str) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import httpx
 import pytest
 from fastapi import Depends, FastAPI, HTTPException, Query
 from pydantic import BaseModel
+
+from fastapi_jobs import Scheduler
 
 from ..conftest import serve, virtual_scheduler
 
@@ -140,3 +143,21 @@ async def test_an_apps_query_model_and_lists_are_taken() -> None:
         in (refused.json()["detail"])
     )
     assert twice.json() == {"detail": "'signature': give it once; it came 2 times"}
+
+
+async def test_an_empty_page_parameter_is_as_if_it_were_not_given() -> None:
+    """`?limit=`, `?state=`, `?cursor=` and `?q=`, as a browser's form sends a
+    field left blank: the listing answers as without them."""
+    scheduler = Scheduler()
+
+    @scheduler.every(hours=1)
+    async def job() -> None: ...
+
+    app = FastAPI()
+    app.include_router(scheduler.router)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        plain = (await client.get("/jobs")).json()
+        for blank in ("limit=", "state=", "cursor=", "q=", "limit=&q=&state="):
+            answer = await client.get(f"/jobs?{blank}")
+            assert answer.status_code == 200 and answer.json() == plain, blank
