@@ -162,8 +162,7 @@ class Job:
     ) -> Job:
         """Check ``func``, ``schedule`` and ``options`` (as ``Scheduler.where()``
         took them) and make the job; `ConfigurationError` says what to fix.
-        ``outbox``: gives the store's outbox at each run, for a hand-off;
-        ``task``: a stored schedule's."""
+        ``outbox``: gives the store's at each run (a hand-off); ``task``: a stored schedule's."""
         check_options(options, where)
         if not callable(func):
             raise ConfigurationError(f"a job must be a function (async or sync), got {func!r}")

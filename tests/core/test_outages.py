@@ -104,10 +104,18 @@ async def test_statements_blocked_past_the_timeout_leave_nothing_behind(
             # (a release the lock held up would keep the job for its 3 s lease).
             await poll(lambda: len(ticks) >= 1)
             await anyio.sleep((0.05 - time.time()) % 0.1)
-            before = len(ticks)
-            # Locked until three ticks are skipped, however long that takes.
-            await hold_lock(database_url, engine, 10.0, until=lambda: unavailable() >= 3)
-            during = len(ticks)
+            # Locked until three ticks are skipped, however long that takes;
+            # the runs counted from the moment the lock is held (a stalled
+            # thread may take more than a tick to get it).
+            at_lock: list[int] = []
+            await hold_lock(
+                database_url,
+                engine,
+                10.0,
+                until=lambda: unavailable() >= 3,
+                locked=lambda: at_lock.append(len(ticks)),
+            )
+            before, during = at_lock[0], len(ticks)
             # Well within the 9 s lease: claims that came back late were freed.
             await poll(lambda: len(ticks) - during >= 3, within=6.0)
         skipped = unavailable()

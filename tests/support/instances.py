@@ -57,10 +57,17 @@ def ticking(engine: AsyncEngine, ticks: list[datetime], **store_options: object)
 
 
 async def hold_lock(
-    url: str, engine: AsyncEngine, seconds: float, until: Callable[[], bool] | None = None
+    url: str,
+    engine: AsyncEngine,
+    seconds: float,
+    until: Callable[[], bool] | None = None,
+    locked: Callable[[], None] | None = None,
 ) -> None:
     """Another client locks the claims for ``seconds``, or until ``until()`` holds
-    (looked at every 10 ms, for ``seconds`` at most): store statements block."""
+    (looked at every 10 ms, for ``seconds`` at most): store statements block.
+    ``locked()`` is called once the lock is held (from another thread, on
+    SQLite): what ran before the lock is told from what ran during it however
+    long the lock took to come."""
 
     def over(deadline: float) -> bool:
         return time.monotonic() >= deadline or (until is not None and until())
@@ -71,6 +78,8 @@ async def hold_lock(
         def hold() -> None:
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("BEGIN EXCLUSIVE")
+            if locked is not None:
+                locked()
             deadline = time.monotonic() + seconds
             while not over(deadline):
                 time.sleep(0.01)
@@ -81,6 +90,8 @@ async def hold_lock(
     else:
         async with engine.begin() as conn:
             await conn.execute(sa.text("LOCK TABLE fastapi_jobs_claims IN ACCESS EXCLUSIVE MODE"))
+            if locked is not None:
+                locked()
             with anyio.move_on_after(seconds):
                 await poll(lambda: until is not None and until(), within=math.inf, every=0.01)
 
