@@ -100,7 +100,8 @@ def measure(
         env={**os.environ, "BENCH_JOBS": str(jobs), "BENCH_IMPL": impl},
     )
     try:
-        time.sleep(3 + jobs / 5000)  # started, and the jobs through their first burst
+        _wait_until_it_answers(port, server)
+        time.sleep(1 + jobs / 5000)  # the jobs through their first burst
         out = subprocess.run(
             [*CLIENT, str(port), str(rate), str(seconds)],
             cwd=ROOT,
@@ -114,6 +115,22 @@ def measure(
         server.wait(timeout=30)
     latencies: list[float] = json.loads(out.stdout)
     return latencies
+
+
+def _wait_until_it_answers(port: int, server: subprocess.Popen[bytes]) -> None:
+    """Until the server answers /ping (a loaded machine starts it in seconds,
+    not in a fixed time), for a minute at most."""
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _p99(values: list[float]) -> float:

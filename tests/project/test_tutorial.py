@@ -96,6 +96,7 @@ async def test_the_last_apps_status_page_opens_in_a_browser(
 
 
 @pytest.mark.slow  # a fresh install from the clone and the index, and a minute of real ticks
+@pytest.mark.timeout(600)  # minutes of pip on a loaded machine: 120 s was cut
 def test_the_tutorial_runs_as_written(newcomer: Terminal) -> None:
     for step in steps(PAGE):
         if isinstance(step, File):

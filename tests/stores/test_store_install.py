@@ -28,6 +28,9 @@ def hint(extra: str) -> str:
         ("postgresql+psycopg://app:s3cret@db/app", "psycopg", "psycopg"),
         ("postgresql+psycopg_async://app:s3cret@db/app", "psycopg", "psycopg"),
     ],
+    # No server's name in the ids: no server is reached (test_markers tells a test
+    # that needs PostgreSQL by its id).
+    ids=["without=aiosqlite", "without=asyncpg", "without=psycopg", "without=psycopg_async"],
 )
 def test_a_missing_driver_is_named_when_the_store_is_made(
     url: str, driver: str, extra: str, monkeypatch: pytest.MonkeyPatch
