@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from . import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "uvicorn", "--factory", "bench.requests:make_app"]
 CLIENT = [sys.executable, "-m", "bench.requests", "client"]
@@ -100,7 +102,7 @@ def measure(
         env={**os.environ, "BENCH_JOBS": str(jobs), "BENCH_IMPL": impl},
     )
     try:
-        _wait_until_it_answers(port, server)
+        wait_for(port)  # started (a loaded machine takes more than a fixed time)
         time.sleep(1 + jobs / 5000)  # the jobs through their first burst
         out = subprocess.run(
             [*CLIENT, str(port), str(rate), str(seconds)],
@@ -115,22 +117,6 @@ def measure(
         server.wait(timeout=30)
     latencies: list[float] = json.loads(out.stdout)
     return latencies
-
-
-def _wait_until_it_answers(port: int, server: subprocess.Popen[bytes]) -> None:
-    """Until the server answers /ping (a loaded machine starts it in seconds,
-    not in a fixed time), for a minute at most."""
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def _p99(values: list[float]) -> float:

@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = [sys.executable, "-m", "uvicorn", "--factory", "bench.scrapes:make_app"]
 CLIENT = [sys.executable, "-m", "bench.scrapes", "client"]
@@ -313,7 +315,7 @@ def serve_and_scrape(
         [*SERVER, "--port", str(port), "--log-level", "warning"], cwd=cwd, env=env
     )
     try:
-        _wait_for(port)  # started (a loaded machine takes more than a fixed time)
+        wait_for(port)  # started (a loaded machine takes more than a fixed time)
         if env.get("BENCH_HOURLY") == "quiet":
             time.sleep(3)  # no job runs in the window
         else:
@@ -332,20 +334,6 @@ def serve_and_scrape(
         server.wait(timeout=30)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
-
-
-def _wait_for(port: int, within: float = 300.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server on port {port} did not start within {within:.0f} s")
 
 
 def _p99(values: list[float]) -> float:
