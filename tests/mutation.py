@@ -1,0 +1,100 @@
+"""``python -m tests.mutation [module ...]``: the mutation score of the modules
+that decide which tick runs where (docs/development/mutation.md).
+
+mutmut 3 mutates the modules listed in pyproject's ``[tool.mutmut] only_mutate``
+(or those named, as paths or dotted names), one module at a time under ``nice``,
+each mutant tested by the tests that reach its function alone; then it prints
+a table per module: mutants, killed, survived, timed out, no test, and the
+wall time. ``--report`` prints the table of the last runs without running
+anything; ``mutmut results`` lists the survivors, ``mutmut show NAME`` one's
+diff. Its working files are in ``mutants/`` (ignored by git)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# mutmut's exit codes, as its ``mutmut.stats.status_by_exit_code`` reads them.
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
+STATUS |= dict.fromkeys((36, -24, 24, 152, 255), "timeout")
+COLUMNS = ("killed", "survived", "timeout", "no tests")
+
+
+def configured() -> list[str]:
+    """The modules pyproject's ``[tool.mutmut]`` mutates, as paths."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return list(config["tool"]["mutmut"]["only_mutate"])
+
+
+def as_path(module: str) -> str:
+    """``fastapi_jobs._core.claims`` or its path, as its path."""
+    return module if module.endswith(".py") else module.replace(".", "/") + ".py"
+
+
+def run(path: str, children: int) -> float:
+    """Mutate one module and test its mutants; returns the wall time in seconds."""
+    dotted = path.removesuffix(".py").replace("/", ".")
+    mutmut = Path(sys.executable).with_name("mutmut")
+    command = ["nice", "-n", "19", str(mutmut), "run", f"--max-children={children}", f"{dotted}.*"]
+    start = time.monotonic()
+    subprocess.run(command, cwd=ROOT, check=False)
+    return time.monotonic() - start
+
+
+def counts(path: str) -> Counter[str]:
+    """Each status's count among one module's mutants, from mutmut's last run."""
+    meta = ROOT / "mutants" / f"{path}.meta"
+    if not meta.exists():
+        return Counter()
+    codes = json.loads(meta.read_text())["exit_code_by_key"].values()
+    return Counter(STATUS.get(code, "not run" if code is None else "suspicious") for code in codes)
+
+
+def table(paths: list[str], seconds: dict[str, float]) -> str:
+    """A Markdown table: each module's mutants by status, its score, its time."""
+    lines = [
+        "| module | mutants | killed | survived | timed out | no test | score | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    total: Counter[str] = Counter()
+    for path in paths:
+        count = counts(path)
+        total += count
+        lines.append(row(path.removeprefix("fastapi_jobs/"), count, seconds.get(path)))
+    lines.append(row("all", total, sum(seconds.values()) if seconds else None))
+    return "\n".join(lines)
+
+
+def row(name: str, count: Counter[str], seconds: float | None) -> str:
+    mutants = sum(count.values())
+    # A timed-out mutant is caught: its tests did not pass.
+    score = (count["killed"] + count["timeout"]) / mutants if mutants else 0.0
+    cells = [str(count[status]) for status in COLUMNS]
+    took = "" if seconds is None else f"{seconds / 60:.1f} min"
+    return f"| {name} | {mutants} | {' | '.join(cells)} | {score:.0%} | {took} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__)
+    parser.add_argument("modules", nargs="*", help="paths or dotted names; all configured if none")
+    parser.add_argument("--children", type=int, default=2, help="mutants tested at once")
+    parser.add_argument("--report", action="store_true", help="print the last runs' table only")
+    args = parser.parse_args(argv)
+    paths = [as_path(module) for module in args.modules] or configured()
+    unknown = sorted(set(paths) - set(configured()))
+    if unknown:
+        parser.error(f"not in [tool.mutmut] only_mutate in pyproject.toml: {', '.join(unknown)}")
+    seconds = {} if args.report else {path: run(path, args.children) for path in paths}
+    print(table(paths, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
