@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]  # no type hints of its own
 import pytest
 import sqlalchemy as sa
 
