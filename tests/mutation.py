@@ -4,10 +4,11 @@ that decide which tick runs where (docs/development/mutation.md).
 mutmut 3 mutates the modules listed in pyproject's ``[tool.mutmut] only_mutate``
 (or those named, as paths or dotted names), one module at a time under ``nice``,
 each mutant tested by the tests that reach its function alone; then it prints
-a table per module: mutants, killed, survived, timed out, no test, and the
-wall time. ``--report`` prints the table of the last runs without running
-anything; ``mutmut results`` lists the survivors, ``mutmut show NAME`` one's
-diff. Its working files are in ``mutants/`` (ignored by git)."""
+a table per module: mutants, killed, survived, timed out, no test, not run
+yet, the score (killed or timed out, of those run), and the wall time.
+``--report`` prints the table of the last runs without running anything;
+``mutmut results`` lists the survivors, ``mutmut show NAME`` one's diff. Its
+working files are in ``mutants/`` (ignored by git)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # mutmut's exit codes, as its ``mutmut.stats.status_by_exit_code`` reads them.
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
 STATUS |= dict.fromkeys((36, -24, 24, 152, 255), "timeout")
-COLUMNS = ("killed", "survived", "timeout", "no tests")
+COLUMNS = ("killed", "survived", "timeout", "no tests", "not run")
 
 
 def configured() -> list[str]:
@@ -60,22 +61,23 @@ def counts(path: str) -> Counter[str]:
 def table(paths: list[str], seconds: dict[str, float]) -> str:
     """A Markdown table: each module's mutants by status, its score, its time."""
     lines = [
-        "| module | mutants | killed | survived | timed out | no test | score | time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| module | mutants | killed | survived | timed out | no test | not run | score | time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     total: Counter[str] = Counter()
     for path in paths:
         count = counts(path)
         total += count
         lines.append(row(path.removeprefix("fastapi_jobs/"), count, seconds.get(path)))
-    lines.append(row("all", total, sum(seconds.values()) if seconds else None))
+    lines.append(row("all", total, sum(seconds.values()) if len(seconds) == len(paths) else None))
     return "\n".join(lines)
 
 
 def row(name: str, count: Counter[str], seconds: float | None) -> str:
     mutants = sum(count.values())
-    # A timed-out mutant is caught: its tests did not pass.
-    score = (count["killed"] + count["timeout"]) / mutants if mutants else 0.0
+    run = mutants - count["not run"]
+    # A timed-out mutant is caught: its tests did not pass. Of those run so far.
+    score = (count["killed"] + count["timeout"]) / run if run else 0.0
     cells = [str(count[status]) for status in COLUMNS]
     took = "" if seconds is None else f"{seconds / 60:.1f} min"
     return f"| {name} | {mutants} | {' | '.join(cells)} | {score:.0%} | {took} |"
@@ -91,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(paths) - set(configured()))
     if unknown:
         parser.error(f"not in [tool.mutmut] only_mutate in pyproject.toml: {', '.join(unknown)}")
-    seconds = {} if args.report else {path: run(path, args.children) for path in paths}
-    print(table(paths, seconds))
+    times = ROOT / "mutants" / "mutation-times.json"  # each module's last run, for --report
+    seconds = json.loads(times.read_text()) if times.exists() else {}
+    for path in [] if args.report else paths:
+        seconds[path] = run(path, args.children)
+        times.write_text(json.dumps(seconds, indent=1))
+    print(table(paths, {path: seconds[path] for path in paths if path in seconds}))
     return 0
 
 
