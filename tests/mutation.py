@@ -6,6 +6,7 @@ mutmut 3 mutates the modules listed in pyproject's ``[tool.mutmut] only_mutate``
 each mutant tested by the tests that reach its function alone; then it prints
 a table per module: mutants, killed, survived, timed out, no test, not run
 yet, the score (killed or timed out, of those run), and the wall time.
+``--resume`` runs only the mutants not run yet (a run stopped midway goes on);
 ``--report`` prints the table of the last runs without running anything;
 ``mutmut results`` lists the survivors, ``mutmut show NAME`` one's diff. Its
 working files are in ``mutants/`` (ignored by git)."""
@@ -39,23 +40,37 @@ def as_path(module: str) -> str:
     return module if module.endswith(".py") else module.replace(".", "/") + ".py"
 
 
-def run(path: str, children: int) -> float:
-    """Mutate one module and test its mutants; returns the wall time in seconds."""
+def run(path: str, children: int, resume: bool) -> float:
+    """Mutate one module and test its mutants (``resume``: those not run yet
+    alone); returns the wall time in seconds."""
     dotted = path.removesuffix(".py").replace("/", ".")
+    names = [f"{dotted}.*"]
+    if resume and (ROOT / "mutants" / f"{path}.meta").exists():
+        names = [name for name, code in codes(path).items() if code is None]
+        if not names:
+            return 0.0
     mutmut = Path(sys.executable).with_name("mutmut")
-    command = ["nice", "-n", "19", str(mutmut), "run", f"--max-children={children}", f"{dotted}.*"]
+    command = ["nice", "-n", "19", str(mutmut), "run", f"--max-children={children}", *names]
     start = time.monotonic()
     subprocess.run(command, cwd=ROOT, check=False)
     return time.monotonic() - start
 
 
-def counts(path: str) -> Counter[str]:
-    """Each status's count among one module's mutants, from mutmut's last run."""
+def codes(path: str) -> dict[str, int | None]:
+    """mutmut's exit code of each of one module's mutants (None: not run)."""
     meta = ROOT / "mutants" / f"{path}.meta"
     if not meta.exists():
-        return Counter()
-    codes = json.loads(meta.read_text())["exit_code_by_key"].values()
-    return Counter(STATUS.get(code, "not run" if code is None else "suspicious") for code in codes)
+        return {}
+    found: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    return found
+
+
+def counts(path: str) -> Counter[str]:
+    """Each status's count among one module's mutants, from mutmut's last run."""
+    return Counter(
+        STATUS.get(code, "suspicious") if code is not None else "not run"
+        for code in codes(path).values()
+    )
 
 
 def table(paths: list[str], seconds: dict[str, float]) -> str:
@@ -86,8 +101,10 @@ def row(name: str, count: Counter[str], seconds: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__)
     parser.add_argument("modules", nargs="*", help="paths or dotted names; all configured if none")
-    parser.add_argument("--children", type=int, default=2, help="mutants tested at once")
+    # Four on two cores: most tests wait on real time, as the suite's -n 4 does.
+    parser.add_argument("--children", type=int, default=4, help="mutants tested at once")
     parser.add_argument("--report", action="store_true", help="print the last runs' table only")
+    parser.add_argument("--resume", action="store_true", help="run only the mutants not run yet")
     args = parser.parse_args(argv)
     paths = [as_path(module) for module in args.modules] or configured()
     unknown = sorted(set(paths) - set(configured()))
@@ -96,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     times = ROOT / "mutants" / "mutation-times.json"  # each module's last run, for --report
     seconds = json.loads(times.read_text()) if times.exists() else {}
     for path in [] if args.report else paths:
-        seconds[path] = run(path, args.children)
+        took = run(path, args.children, args.resume)
+        seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
         times.write_text(json.dumps(seconds, indent=1))
     print(table(paths, {path: seconds[path] for path in paths if path in seconds}))
     return 0
