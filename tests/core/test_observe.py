@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
 
 from fastapi_jobs import ConfigurationError, Every, JobContext
 from fastapi_jobs.observers import LeaseLost, Observer, RunFinished, RunStarted, TickSkipped
+from fastapi_jobs.testing import MemoryStore
 
 from ..conftest import HOUR, START, virtual_scheduler
 
@@ -86,6 +88,28 @@ async def test_skipped_ticks_are_told_with_their_reason() -> None:
     assert ("waiting", "paused", START + timedelta(hours=1), 1) in skips
     assert ("waiting", "paused", START + timedelta(hours=2), 1) in skips
     assert ("slow", "overlap", START + timedelta(hours=2), 1) in skips
+
+
+class Unreachable(MemoryStore):
+    """A memory store whose every claim fails, as a database that is down."""
+
+    async def claim(self, *args: Any, **kwargs: Any) -> dict[str, int | Exception]:
+        raise ConnectionError("the database is down")
+
+
+async def test_a_tick_skipped_as_the_store_is_unreachable_is_told_with_its_tick() -> None:
+    """A tick whose claim cannot reach the store is told skipped as
+    store_unavailable, with the tick."""
+    recorder = Recorder()
+    scheduler = virtual_scheduler(store=Unreachable(), observers=[recorder])
+
+    @scheduler.every(hours=1)
+    async def job() -> None: ...
+
+    async with scheduler.running():
+        await anyio.sleep(HOUR + 1)
+    skips = [(e.job, e.reason, e.tick_at) for e in recorder.events if isinstance(e, TickSkipped)]
+    assert skips == [("job", "store_unavailable", START + timedelta(hours=1))]
 
 
 async def test_async_observers_get_the_events_in_order_without_slowing_the_jobs(
