@@ -7,6 +7,7 @@ each mutant tested by the tests that reach its function alone; then it prints
 a table per module: mutants, killed, survived, timed out, no test, not run
 yet, the score (killed or timed out, of those run), and the wall time.
 ``--resume`` runs only the mutants not run yet (a run stopped midway goes on);
+``--sample N`` one in N (the score of a module too large to run whole today);
 ``--report`` prints the table of the last runs without running anything;
 ``mutmut results`` lists the survivors, ``mutmut show NAME`` one's diff. Its
 working files are in ``mutants/`` (ignored by git)."""
@@ -40,13 +41,17 @@ def as_path(module: str) -> str:
     return module if module.endswith(".py") else module.replace(".", "/") + ".py"
 
 
-def run(path: str, children: int, resume: bool) -> float:
+def run(path: str, children: int, resume: bool, sample: int) -> float:
     """Mutate one module and test its mutants (``resume``: those not run yet
-    alone); returns the wall time in seconds."""
+    alone; ``sample``: one in that many, by mutmut's numbers); returns the wall
+    time in seconds."""
     dotted = path.removesuffix(".py").replace("/", ".")
     names = [f"{dotted}.*"]
-    if resume and (ROOT / "mutants" / f"{path}.meta").exists():
-        names = [name for name, code in codes(path).items() if code is None]
+    if (resume or sample > 1) and (ROOT / "mutants" / f"{path}.meta").exists():
+        found = codes(path)
+        names = [name for name in found if int(name.rpartition("_")[2]) % sample == 0]
+        if resume:
+            names = [name for name in names if found[name] is None]
         if not names:
             return 0.0
     mutmut = Path(sys.executable).with_name("mutmut")
@@ -105,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=4, help="mutants tested at once")
     parser.add_argument("--report", action="store_true", help="print the last runs' table only")
     parser.add_argument("--resume", action="store_true", help="run only the mutants not run yet")
+    parser.add_argument("--sample", type=int, default=1, help="run one mutant in SAMPLE")
     args = parser.parse_args(argv)
     paths = [as_path(module) for module in args.modules] or configured()
     unknown = sorted(set(paths) - set(configured()))
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     times = ROOT / "mutants" / "mutation-times.json"  # each module's last run, for --report
     seconds = json.loads(times.read_text()) if times.exists() else {}
     for path in [] if args.report else paths:
-        took = run(path, args.children, args.resume)
+        took = run(path, args.children, args.resume, args.sample)
         seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
         times.write_text(json.dumps(seconds, indent=1))
     print(table(paths, {path: seconds[path] for path in paths if path in seconds}))
