@@ -112,6 +112,38 @@ async def test_a_tick_skipped_as_the_store_is_unreachable_is_told_with_its_tick(
     assert skips == [("job", "store_unavailable", START + timedelta(hours=1))]
 
 
+class Refusing(MemoryStore):
+    """A memory store that refuses each job's claim with an error of its own,
+    as a database refuses a value it cannot store."""
+
+    async def claim(self, wanted: Any, **kwargs: Any) -> dict[str, int | Exception]:
+        return {job: ValueError("a tick it cannot store") for job, _ in wanted}
+
+
+async def test_a_claim_the_store_refuses_skips_the_tick_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim the store answers with an error is a tick skipped as
+    store_unavailable, told with its tick, and logged with the job and the error."""
+    recorder = Recorder()
+    scheduler = virtual_scheduler(store=Refusing(), observers=[recorder])
+
+    @scheduler.every(hours=1)
+    async def job() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(HOUR + 1)
+    skips = [(e.job, e.reason, e.tick_at) for e in recorder.events if isinstance(e, TickSkipped)]
+    assert skips == [("job", "store_unavailable", START + timedelta(hours=1))]
+    assert scheduler.job_status("job").skipped == {"store_unavailable": 1}
+    [record] = [r for r in caplog.records if "refused its claim" in r.getMessage()]
+    assert record.getMessage() == (
+        "job 'job': the store refused its claim, tick skipped: ValueError('a tick it cannot store')"
+    )
+    assert record.job == "job"  # type: ignore[attr-defined]
+
+
 async def test_async_observers_get_the_events_in_order_without_slowing_the_jobs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
