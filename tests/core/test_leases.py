@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from fastapi_jobs import Every, JobContext, JobRunningError, StoreError, tracing
 from fastapi_jobs.metrics import instrument
-from fastapi_jobs.observers import LeaseLost
+from fastapi_jobs.observers import LeaseLost, Observer
 from fastapi_jobs.testing import MemoryStore
 
 from ..conftest import open_store, virtual_scheduler
@@ -107,6 +107,90 @@ async def test_only_runs_that_outlast_a_third_of_the_lease_renew_it() -> None:
     assert scheduler.job_status("short").runs == 20
     assert [job for job, _ in renewals] == ["long"] * 4
     assert [round(at - began[0], 6) for _, at in renewals] == [0.4, 0.8, 1.2, 1.6]
+
+
+class Renewing(MemoryStore):
+    """A memory store whose renewals answer as ``answer`` says (raise, hang, or
+    say the job is held elsewhere), each noted with when it was sent."""
+
+    def __init__(self, answer: str, **options: float) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.answer = answer
+        self.sent: list[float] = []
+
+    async def renew(self, job: str, fence: int) -> bool:
+        self.sent.append(anyio.current_time())
+        if self.answer == "raise":
+            raise ConnectionError("down")
+        if self.answer == "hang":
+            await anyio.sleep_forever()
+        return False
+
+
+class LeaseLosses(Observer):
+    def __init__(self) -> None:
+        self.lost: list[LeaseLost] = []
+
+    def lease_lost(self, event: LeaseLost) -> None:
+        self.lost.append(event)
+
+
+async def _cut_by_the_lease(store: Renewing) -> tuple[list[float], float, str]:
+    """A 2 s run under the store's 1.2 s lease: when its renewals were sent and
+    when the run was cancelled, from its start, and why its lease was lost."""
+    losses = LeaseLosses()
+    scheduler = virtual_scheduler(store=store, observers=[losses])
+    began: list[float] = []
+    cut: list[float] = []
+
+    @scheduler.every(days=36500, run_on_startup=True)
+    async def long() -> None:
+        began.append(anyio.current_time())
+        try:
+            await anyio.sleep(2.0)
+        except anyio.get_cancelled_exc_class():
+            cut.append(anyio.current_time())
+            raise
+
+    async with scheduler.running():
+        await anyio.sleep(2.05)
+    [lost] = losses.lost
+    sent = [round(at - began[0], 6) for at in store.sent]
+    return sent, round(cut[0] - began[0], 6), lost.reason
+
+
+@pytest.mark.looptime
+async def test_a_failing_renewal_is_retried_each_quarter_interval_until_the_lease_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A renewal that fails is logged and sent again a quarter of the renewal
+    interval later, until the lease ends: then the run is cancelled, its lease
+    lost for having run out."""
+    store = Renewing("raise", lease=1.2, timeout=0.39)
+    sent, cut, reason = await _cut_by_the_lease(store)
+    assert sent == [0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]
+    assert (cut, reason) == (1.2, "its lease ran out before it could be renewed")
+    failed = [r.getMessage() for r in caplog.records if "renewal failed" in r.getMessage()]
+    assert failed == ["job 'long': lease renewal failed (ConnectionError('down')), retrying"] * 8
+
+
+@pytest.mark.looptime
+async def test_a_renewal_that_hangs_is_given_up_when_the_lease_ends() -> None:
+    """A renewal that gets no answer waits at most the store's timeout, and never
+    past the lease's end: the run is cancelled as the lease ends, not later."""
+    store = Renewing("hang", lease=1.2, timeout=0.39)
+    sent, cut, reason = await _cut_by_the_lease(store)
+    assert sent == [0.4, 0.89]  # timed out at 0.79, sent again 0.1 later
+    assert (cut, reason) == (1.2, "its lease ran out before it could be renewed")
+
+
+@pytest.mark.looptime
+async def test_a_renewal_refused_cancels_the_run_as_held_elsewhere() -> None:
+    """A renewal the store refuses (another instance holds the job) cancels the
+    run at once, its lease lost to that instance."""
+    store = Renewing("refuse", lease=1.2, timeout=0.39)
+    sent, cut, reason = await _cut_by_the_lease(store)
+    assert (sent, cut, reason) == ([0.4], 0.4, "another instance claimed the job")
 
 
 @pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
