@@ -80,6 +80,33 @@ def test_a_refusal_as_ahead_moves_the_clock_only_by_a_reading_of_one(
     assert sum("ahead of its clock" in r.getMessage() for r in caplog.records) == 4
 
 
+def test_a_refusal_within_the_claims_margin_moves_nothing_and_says_how_far_ahead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refusal whose tick is not ahead of the database's reading by more than
+    the claim's margin (1 s) disagrees with itself: the clock stays. The warning
+    names the jobs and says how far ahead their tick was."""
+    import logging
+
+    from fastapi_jobs import TickAheadError
+    from fastapi_jobs._clock import OffsetClock
+    from fastapi_jobs._core.claims import Claims
+    from fastapi_jobs._core.heartbeat import Heartbeat
+    from fastapi_jobs.testing import MemoryStore
+
+    store = MemoryStore()
+    clock = OffsetClock(StepLocal())
+    claims = Claims(store, logging.getLogger("t"))
+    claims.heartbeat = Heartbeat(store, clock, logging.getLogger("t"), lambda pauses: None)
+    for tick in (1000.5, 1001.0):
+        claims.heard(TickAheadError(tick, 1000.0), 999.9, ["a", "b"])
+        assert clock.offset == 0.0
+    assert [r.getMessage() for r in caplog.records][-1] == (
+        "the database refused the claims of 'a', 'b': their tick is 1.0s ahead of its "
+        "clock (stepped back?); ticking on the database's time"
+    )
+
+
 class StepLocal:
     """A local clock that reads 1000.0."""
 
