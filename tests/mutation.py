@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = json.loads(times.read_text()) if times.exists() else {}
     for path in [] if args.report else paths:
         took = run(path, args.children, args.resume, args.sample)
-        seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
+        if took:  # 0: nothing left to run
+            seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
         times.write_text(json.dumps(seconds, indent=1))
     print(table(paths, {path: seconds[path] for path in paths if path in seconds}))
     return 0
