@@ -259,7 +259,7 @@ class MemoryStore:
         row = self.database.schedules.get(job)
         if row is None:
             return True
-        return not row.removed if version is None else row.version == version
+        return row.removed if version is None else row.version == version
 
     def _paused(self, job: str, now: float) -> bool:
         until, _ = self.database.pauses.get(job, (0.0, 0))

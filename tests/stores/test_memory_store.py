@@ -78,6 +78,20 @@ async def test_a_tick_is_claimed_once_and_only_after_the_last() -> None:
     assert await b.renew("job", 2) is True
 
 
+async def test_a_declared_jobs_claim_waits_for_a_live_stored_schedule_of_its_name() -> None:
+    """As in the SQL store: a claim without a version (a declared job's) is not
+    made while a live stored schedule has the job's name, and is once that
+    schedule is removed; a stored schedule's claim is made under its version."""
+    store = await opened(MemoryDatabase(Fixed()))
+    made = await store.schedules.create("job", "task", "{}")
+    assert made is not None
+    assert await store.claim([("job", T0)]) == {}
+    assert await store.claim([("job", T0)], versions={"job": made.version}) == {"job": 1}
+    await store.release([Ended("job", 1, "ok", None, 0.1)])
+    await store.schedules.remove("job")
+    assert await store.claim([("job", T0 + 0.5)]) == {"job": 2}
+
+
 async def test_a_lease_held_blocks_the_next_tick_until_it_ends() -> None:
     clock = Fixed()
     database = MemoryDatabase(clock)
