@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from fastapi_jobs import Every
 from fastapi_jobs.stores import Ended
 from fastapi_jobs.testing import MemoryStore
 
@@ -86,6 +87,61 @@ async def test_a_release_the_store_refuses_is_logged_and_not_sent_again(
         "each frees when its lease ends"
     ]
     assert store.sent == 1
+
+
+class BothInOneCall(MemoryStore):
+    """A memory store that takes the releases and the claim in one call, as the
+    SQL store does (``release_then_claim``); ``refuse``: every release refused."""
+
+    refuse = False
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        if self.refuse:
+            return {end.job: ValueError("a value it cannot store") for end in ended}
+        return await super().release(ended)
+
+    async def release_then_claim(
+        self, ended: Sequence[Ended], wanted: Any, **options: Any
+    ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
+        return await self.release(ended), await self.claim(wanted, **options)
+
+
+async def test_a_claim_that_carries_releases_keeps_its_own_arguments() -> None:
+    """A stored schedule's claim that carries the release of its run before it
+    (a run that ended a millisecond before its next tick) is still made under
+    the schedule's version: each tick runs."""
+    scheduler = virtual_scheduler(store=BothInOneCall())
+
+    @scheduler.task()
+    async def work() -> None:
+        await anyio.sleep(0.999)
+
+    async with scheduler.running():
+        await scheduler.add_schedule("stored", work, Every(seconds=1))
+        await anyio.sleep(3.5)
+        status = scheduler.job_status("stored")
+    assert (status.runs, status.skipped) == (3, {})
+
+
+async def test_a_release_refused_in_a_claims_call_is_logged_as_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A release the store refuses in the claim's own call is logged as refused;
+    the claim beside it went through (the store is not said unreachable)."""
+    store = BothInOneCall()
+    store.refuse = True
+    scheduler = virtual_scheduler(store=store)
+
+    @scheduler.every(seconds=1, run_on_startup=True)
+    async def job() -> None:
+        await anyio.sleep(0.999)
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(1.5)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("the database refused the release of 'job'") for m in said)
+    assert not [m for m in said if "unreachable" in m]
 
 
 class Unreachable(MemoryStore):
