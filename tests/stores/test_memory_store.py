@@ -226,6 +226,29 @@ def instances(n: int, **options: float) -> tuple[LoopClock, list[Scheduler]]:
 
 
 @pytest.mark.looptime
+async def test_replace_on_another_instance_takes_the_tick_over_a_run_that_holds_on() -> None:
+    """A tick of an overlap="replace" job, due while another instance's run of it
+    goes on past its cancel, is claimed over that run's lease and runs at once
+    on the instance that claimed it."""
+    clock, (a, b) = instances(2)
+    started: list[tuple[str, float, float]] = []
+
+    def declare(scheduler: Scheduler, who: str) -> None:
+        @scheduler.every(seconds=1, overlap="replace", run_on_startup=who == "a")
+        async def long(ctx: JobContext) -> None:
+            started.append((who, ctx.tick.timestamp() - T0, clock.now() - T0))
+            if who == "a" and len(started) == 1:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(1.5)  # past the next tick's cancel
+
+    declare(a, "a")
+    declare(b, "b")
+    async with a.running(), b.running():
+        await anyio.sleep(1.2)
+    assert started[:2] == [("a", 0.0, 0.0), ("b", 1.0, 1.0)]
+
+
+@pytest.mark.looptime
 async def test_three_instances_run_every_tick_of_a_virtual_day_once() -> None:
     """Every minute for a virtual day on three instances: 1,440 ticks, each run
     once, the others counted as claimed elsewhere; the store's clock is the
