@@ -89,6 +89,40 @@ async def test_a_release_the_store_refuses_is_logged_and_not_sent_again(
     assert store.sent == 1
 
 
+class FailingOnce(MemoryStore):
+    """A memory store whose first release fails, as a database briefly down."""
+
+    failed = False
+
+    async def release(self, ended: Sequence[Ended]) -> dict[str, Exception]:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("down")
+        return await super().release(ended)
+
+
+async def test_a_release_that_fails_is_logged_and_sent_before_the_next_claim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A release that fails is logged with the jobs it frees, and sent again
+    before the job's next claim, which it would otherwise find held."""
+    scheduler = virtual_scheduler(store=FailingOnce())
+
+    @scheduler.every(seconds=10, run_on_startup=True)
+    async def job() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="fastapi_jobs"):
+        async with scheduler.running():
+            await anyio.sleep(11)
+        status = scheduler.job_status("job")
+    assert (status.runs, status.skipped) == (2, {})
+    [failed] = [r.getMessage() for r in caplog.records if "could not release" in r.getMessage()]
+    assert failed == (
+        "could not release the claims of 'job' (ConnectionError('down')); retried before "
+        "the next claim, or each frees when its lease ends"
+    )
+
+
 class BothInOneCall(MemoryStore):
     """A memory store that takes the releases and the claim in one call, as the
     SQL store does (``release_then_claim``); ``refuse``: every release refused."""
