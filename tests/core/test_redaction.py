@@ -68,6 +68,13 @@ def test_an_errors_first_line_is_shown_printable_and_cut_with_an_ellipsis(
     assert ErrorInfo.of(ValueError(text)).message == message
 
 
+def test_only_a_secret_settings_value_is_hidden_in_an_error() -> None:
+    """In an error's message, the value of a setting named like a secret is
+    hidden; a setting under any other name is shown whole."""
+    error = ConnectionError("retries=3, api_key=sk_live_1 host: db.internal")
+    assert ErrorInfo.of(error).message == "retries=3, api_key=[hidden] host: db.internal"
+
+
 def test_an_error_without_a_message_is_its_type_alone() -> None:
     """An error with no message is kept as its type's name, and read back so."""
     info = ErrorInfo.of(RuntimeError())
