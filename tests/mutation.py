@@ -7,7 +7,8 @@ each mutant tested by the tests that reach its function alone; then it prints
 a table per module: mutants, killed, survived, timed out, no test, not run
 yet, the score (killed or timed out, of those run), and the wall time.
 ``--resume`` runs only the mutants not run yet (a run stopped midway goes on);
-``--sample N`` one in N (the score of a module too large to run whole today);
+``--sample N`` one in N, every Nth in the module's order (the score of a module
+too large to run whole in a session);
 ``--report`` prints the table of the last runs without running anything;
 ``mutmut results`` lists the survivors, ``mutmut show NAME`` one's diff. Its
 working files are in ``mutants/`` (ignored by git)."""
@@ -43,13 +44,13 @@ def as_path(module: str) -> str:
 
 def run(path: str, children: int, resume: bool, sample: int) -> float:
     """Mutate one module and test its mutants (``resume``: those not run yet
-    alone; ``sample``: one in that many, by mutmut's numbers); returns the wall
+    alone; ``sample``: every that many, in the module's order); returns the wall
     time in seconds."""
     dotted = path.removesuffix(".py").replace("/", ".")
     names = [f"{dotted}.*"]
     if (resume or sample > 1) and (ROOT / "mutants" / f"{path}.meta").exists():
         found = codes(path)
-        names = [name for name in found if int(name.rpartition("_")[2]) % sample == 0]
+        names = list(found)[::sample]
         if resume:
             names = [name for name in names if found[name] is None]
         if not names:
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=4, help="mutants tested at once")
     parser.add_argument("--report", action="store_true", help="print the last runs' table only")
     parser.add_argument("--resume", action="store_true", help="run only the mutants not run yet")
-    parser.add_argument("--sample", type=int, default=1, help="run one mutant in SAMPLE")
+    parser.add_argument("--sample", type=int, default=1, help="run every SAMPLEth mutant")
     args = parser.parse_args(argv)
     paths = [as_path(module) for module in args.modules] or configured()
     unknown = sorted(set(paths) - set(configured()))
