@@ -65,9 +65,10 @@ def run(path: str, children: int, resume: bool, sample: int) -> float:
 def codes(path: str) -> dict[str, int | None]:
     """mutmut's exit code of each of one module's mutants (None: not run)."""
     meta = ROOT / "mutants" / f"{path}.meta"
-    if not meta.exists():
+    try:
+        found: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    except (FileNotFoundError, json.JSONDecodeError):  # never run, or cut off mid-write
         return {}
-    found: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
     return found
 
 
