@@ -346,7 +346,9 @@ class JobStats:
         self.last_ok_at: float | None = None
         self.last_duration: float | None = None
         self.last_outcome: Outcome | None = None
-        self.last_error: BaseException | None = None
+        self.last_error: ErrorInfo | None = None
+        """As the status shows it: the exception itself would keep its
+        traceback's frames (and the job's locals) alive until the next error."""
         self.skipped: dict[str, int] | None = None  # made on the first skip: most jobs never skip
 
     def ended(
@@ -372,7 +374,7 @@ class JobStats:
             if outcome == "timed_out":
                 self.timeouts += 1
         if error is not None:
-            self.last_error = error
+            self.last_error = ErrorInfo.of(error)
 
     def skip(self, reason: SkipReason, count: int = 1) -> None:
         if self.skipped is None:
@@ -393,7 +395,6 @@ class JobStats:
         policies: tuple[str, float | None] = ("skip", None),
         scheduler: SchedulerState = "running",
     ) -> JobStatus:
-        error = self.last_error
         return JobStatus(
             name=name,
             instance=instance,
@@ -404,7 +405,7 @@ class JobStats:
             last_finished_at=utc(self.last_finished_at),
             last_duration_s=self.last_duration,
             last_outcome=self.last_outcome,
-            last_error=None if error is None else ErrorInfo.of(error),
+            last_error=self.last_error,
             runs=self.runs,
             failures=self.failures,
             skipped_ticks=sum(self.skipped.values()) if self.skipped else 0,

@@ -50,16 +50,17 @@ class StoreHealth:
         self.lease = lease
         self._now = now
         self._streaks: dict[Call, tuple[float, float]] = {}  # first and latest failure
-        self._refused: ConfigurationError | None = None  # a failure that never mends
+        self._refused = False  # a failure that never mends (a ConfigurationError)
         self._told = False  # the ERROR line was written for the current failure
-        self.last_error: BaseException | None = None
+        # As shown: the exception would keep its traceback's frames alive.
+        self.last_error: ErrorInfo | None = None
 
     def ok(self, call: Call) -> None:
         """A call of this kind went through: it fails no more."""
         if self._streaks.pop(call, None) is None:
             return
         if not self._streaks:
-            self._refused = None
+            self._refused = False
         if self._told and self.failing_for() is None:
             self._told = False
             self.logger.warning("the store answers again: claimed jobs run on this instance")
@@ -69,9 +70,9 @@ class StoreHealth:
         now = self._now()
         first, _ = self._streaks.get(call, (now, now))
         self._streaks[call] = first, now
-        self.last_error = error
+        self.last_error = ErrorInfo.of(error)
         if isinstance(error, ConfigurationError):
-            self._refused = error
+            self._refused = True
         failing = self.failing_for()
         if not self._told and failing is not None:
             self._told = True
@@ -91,7 +92,7 @@ class StoreHealth:
         spans = [
             first
             for first, latest in self._streaks.values()
-            if self._refused is not None or latest - first > self.lease
+            if self._refused or latest - first > self.lease
         ]
         return None if not spans else self._now() - min(spans)
 
@@ -109,7 +110,7 @@ def health_of(state: SchedulerState, store: StoreHealth | None, lease: float | N
     failing = None if store is None else store.failing_for()
     if store is None or failing is None:
         return Health(ok=True, status="ok", detail="the scheduler runs", lease_s=lease)
-    error = "" if store.last_error is None else f" ({ErrorInfo.of(store.last_error).type})"
+    error = "" if store.last_error is None else f" ({store.last_error.type})"
     return Health(
         ok=False,
         status="store_failing",

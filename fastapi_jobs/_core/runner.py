@@ -38,7 +38,7 @@ from .._policies import Jittered
 from .._redaction import error_text
 from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
 from .._schedules import Every
-from .._status import JobStats
+from .._status import ErrorInfo, JobStats
 from .._store import Ended, Store
 from .attempt import run_once
 from .concurrency import is_cancellation
@@ -820,7 +820,7 @@ class JobRunner:
         name = self.job.name
         if self.observers is not None:
             self.observers.lost(name, lease.fence, lease.lost or "")
-        self.stats.last_error = lease_lost(lease.lost or "", while_running=False)
+        self.stats.last_error = ErrorInfo.of(lease_lost(lease.lost or "", while_running=False))
         self.logger.error(
             "job %r lost its lease (%s) while waiting to retry: no more retries",
             name,
@@ -855,7 +855,7 @@ class JobRunner:
             # Recorded by the guarded run; remembered in this process's history too.
             stats = self.stats
             duration, started = stats.last_duration or 0.0, stats.last_started_at or 0.0
-            ran = RunEnd("cancelled", stats.last_error, duration, started, 1)
+            ran = RunEnd("cancelled", replaced(self.replaced_by), duration, started, 1)
             self._remember(tick, ran, manual is not None)
         return ran
 

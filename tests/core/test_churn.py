@@ -83,6 +83,18 @@ async def test_schedules_that_come_and_go_leave_no_logger_behind(
     assert {r.name for r in ran} == {f"fastapi_jobs.tenant{k}" for k in range(1000)}
 
 
+@pytest.fixture
+def unheard() -> Iterator[None]:
+    """No record is made: pytest's log capture keeps each one, a failed run's
+    traceback with it (and that, its frames and what they hold)."""
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.usefixtures("unheard")
 async def test_a_removed_schedules_task_is_freed() -> None:
     """Once removed (and others after it: ended tasks are let go in batches),
     a stored schedule's task is garbage, and its runner with it."""
@@ -101,6 +113,33 @@ async def test_a_removed_schedules_task_is_freed() -> None:
         await anyio.sleep(1)
         gc.collect()
         assert task() is None
+
+
+class Rows:
+    """What a job holds while it runs: a weak reference to it says when it is freed."""
+
+
+@pytest.mark.usefixtures("unheard")
+async def test_a_failed_run_keeps_nothing_of_the_job_alive() -> None:
+    """A run that failed leaves its error on the status, as text: not the
+    exception, whose traceback would keep the job's frames, and all their
+    locals held, alive until the job's next error."""
+    scheduler = virtual_scheduler()
+    held: list[weakref.ref[Rows]] = []
+
+    @scheduler.every(minutes=1)
+    async def export() -> None:
+        rows = Rows()
+        held.append(weakref.ref(rows))
+        raise ConnectionError("smtp refused")
+
+    async with scheduler.running():
+        await anyio.sleep(61)
+        gc.collect()
+        [status] = scheduler.status()
+        assert status.failures == 1 and str(status.last_error) == "ConnectionError: smtp refused"
+        [rows] = held
+        assert rows() is None
 
 
 async def test_a_jobs_lines_say_what_they_said(records: list[logging.LogRecord]) -> None:
