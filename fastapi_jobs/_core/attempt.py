@@ -24,7 +24,7 @@ from .._clock import as_datetime
 from .._context import JobContext
 from .._results import Manual, Outcome, RunEnd, lease_lost, replaced
 from .._status import JobStats
-from .concurrency import cancelled_from_outside
+from .concurrency import cancelled_from_outside, thread_seen
 
 if TYPE_CHECKING:
     from .._clock import Clock
@@ -253,6 +253,7 @@ async def _call_sync(runner: Attempted, args: tuple[JobContext, ...]) -> Timeout
     """
     job, done = runner.job, threading.Event()
     runner.thread_done = done
+    thread_seen(done)  # in a test's virtual time
     gate = _ThreadGate()
     try:
         if job.timeout is None:

@@ -16,9 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
-
 from .._context import JobContext
+from .._core.concurrency import in_thread
 from .._errors import short
 from .._redaction import hidden
 from . import Handoff, HandoffRequest, Outbox, handoff_key
@@ -63,7 +62,7 @@ def handing_off(
         else:
             # Not abandoned on cancel: the job counts as running until its
             # thread returns, as a sync job does.
-            kwargs = await anyio.to_thread.run_sync(func, *args)
+            kwargs = await in_thread(func, *args)
         checked = _kwargs(name, kwargs)
         key = handoff_key(name, ctx.tick)
         request = HandoffRequest(name, ctx.tick, key, checked, ctx.state, outbox, maybe_sent)

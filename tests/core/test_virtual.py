@@ -3,6 +3,7 @@ clock and store, run in virtual time on a memory store for a block."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -130,3 +131,22 @@ async def test_a_hand_off_in_the_block_uses_the_memory_stores_outbox_none(tmp_pa
             await anyio.sleep(61)
     [request] = queue.requests
     assert request.outbox is None and request.kwargs == {"audience": "all"}
+
+
+async def test_a_sync_jobs_thread_holds_virtual_time_back() -> None:
+    """looptime cannot see anyio's worker threads; the scheduler shows it a
+    sync job's: virtual time waits for each run (without that, it ran past the
+    threads, and an every-minute job ran 11 to 52 times in an hour, its other
+    ticks skipped as overlap)."""
+    scheduler = Scheduler()
+    runs: list[float] = []
+
+    @scheduler.every(minutes=1)
+    def tick() -> None:
+        runs.append(time.monotonic())
+
+    with virtual(scheduler, START):
+        async with scheduler.running():
+            await anyio.sleep(3630)
+            [status] = scheduler.status()
+    assert (len(runs), status.runs, status.skipped_ticks) == (60, 60, 0)
