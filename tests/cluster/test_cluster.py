@@ -61,6 +61,7 @@ def assert_one_run_per_tick(
     return all_runs
 
 
+@pytest.mark.slow  # 5-6 s a database of three app processes: .ci/run's slow pass
 def test_many_jobs_across_three_processes_run_each_tick_once(
     cluster_url: str, apps: list[App]
 ) -> None:

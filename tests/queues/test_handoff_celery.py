@@ -258,6 +258,7 @@ async def test_a_tick_recorded_as_sent_is_not_sent_again(
     assert [e["id"] for e in executions] == [key]
 
 
+@pytest.mark.slow  # 5-6 s of a frozen Redis: .ci/run's slow pass
 async def test_a_frozen_redis_fails_the_runs_and_no_work_runs_twice(
     redis: RedisServer, worker: Worker, tmp_path: Path
 ) -> None:

@@ -56,6 +56,7 @@ def _runs(direct_url: str) -> list[Run]:
     return rows(direct_url, "SELECT job, tick, fence, instance FROM runs")
 
 
+@pytest.mark.slow  # 7-8 s a driver of three app processes: .ci/run's slow pass
 def test_three_instances_behind_a_transaction_pooler_run_every_tick_once(
     pooled: tuple[str, str], apps: list[App]
 ) -> None:

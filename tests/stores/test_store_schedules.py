@@ -211,6 +211,7 @@ def reads_counted(store: SQLAlchemyStore) -> list[int]:
     return counts
 
 
+@pytest.mark.slow  # 7 s a backend of real heartbeats: .ci/run's slow pass
 async def test_a_burst_of_schedules_is_not_read_again_at_every_beat(database_url: str) -> None:
     """Schedules made at once (an import makes thousands) are read again by the
     heartbeats only while a change stamped before them may still commit (three
