@@ -76,7 +76,7 @@ def thread_seen(done: threading.Event) -> None:
 
     looptime fast-forwards its clock whenever the loop has nothing to do, and
     a thread started by ``anyio.to_thread`` is nothing it can see: virtual time
-    ran past a sync job's thread (an every-minute job ran 11 to 29 times in a
+    ran past a sync job's thread (an every-minute job ran 11 to 52 times in a
     virtual hour, and a test's shutdown cut it at its deadline). It waits in
     real time for what ``loop.run_in_executor`` runs: a thread of that kind
     waits here for ``done``. Nothing happens on any other loop."""
