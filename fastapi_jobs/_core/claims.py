@@ -49,6 +49,12 @@ _Both = Callable[..., Awaitable[tuple[Mapping[str, Exception], Mapping[str, int 
 # Runs that end "together" end a few microseconds apart (each is its own task):
 # the first release waits this long for the others to join its statement.
 GATHER = 0.002
+# How much earlier than an instant, on the database's clock, a peer may claim
+# it: its timer fires on time by its own clock, whose offset to the database's
+# is known to within the quickest recent heartbeat's round trip (milliseconds;
+# this allows a quarter of a second each for the peer's and this instance's).
+# A release that landed since then may have come after the peer's claim.
+PEER_EARLY = 0.5
 # A warning names this many jobs, then counts the rest.
 _NAMED = 5
 
@@ -98,6 +104,9 @@ class Claims:
         self._wanted: anyio.Event | None = None  # set when a release is gathered
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
+        # Releases that landed, by job, with when (the scheduler's clock), kept
+        # PEER_EARLY where the store claims instants (`_without_unsettled`).
+        self._landed: dict[str, float] = {}
 
     def changed_under(self, job: str, tick: float) -> float | None:
         """``job``'s claim of ``tick`` was refused for its version: the store has
@@ -223,11 +232,21 @@ class Claims:
         leases are this instance's until it does, so whichever instance claims
         the instant would find them held, and this one would skip them. They
         are claimed here one by one, after their releases (each job's own claim
-        decides between the two)."""
-        if not (self._unreleased or self._ended or self._sending):
+        decides between the two).
+
+        Nor those whose release landed since a peer may have claimed the
+        instant (`PEER_EARLY` before it): the peer may have found them held,
+        and skipped them, just before the release landed; losing the instant,
+        this instance would skip them too, and the tick would run nowhere."""
+        landed = self._landed
+        if not (self._unreleased or self._ended or self._sending or landed):
             return instant
-        unsettled = {*self._unreleased, *(row.job for row in self._ended), *self._sending}
         key, at, jobs = instant
+        since = at - PEER_EARLY
+        recent = {job for job, when in landed.items() if when >= since}
+        if len(recent) < len(landed):  # the others are past every instant to come
+            self._landed = {job: landed[job] for job in recent}
+        unsettled = {*self._unreleased, *(row.job for row in self._ended), *self._sending, *recent}
         if unsettled.isdisjoint(jobs):
             return instant
         jobs = jobs - unsettled
@@ -345,7 +364,7 @@ class Claims:
             self._unreleased.pop(job, None)
         self._sending.update(jobs)
         try:
-            return await send()
+            sent = await send()
         except BaseException:
             for row in rows:
                 self._unreleased.setdefault(row.job, row)
@@ -354,3 +373,8 @@ class Claims:
             self._sending.difference_update(jobs)
             self._sent.set()
             self._sent = anyio.Event()
+        heartbeat = self.heartbeat
+        if self._instants and heartbeat is not None:
+            now = heartbeat.clock.now()
+            self._landed.update(dict.fromkeys(jobs, now))
+        return sent

@@ -16,15 +16,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from fastapi_jobs import Every, JobContext, Scheduler, TickAheadError
+from fastapi_jobs import Every, JobContext, Scheduler, SystemClock, TickAheadError
+from fastapi_jobs._clock import OffsetClock
 from fastapi_jobs._core.claims import Claims
 from fastapi_jobs._core.dispatcher import GROUP_FROM
+from fastapi_jobs._core.heartbeat import Heartbeat
 from fastapi_jobs._store import Ended
 from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.testing import MemoryStore
 
-from ..conftest import open_store
+from ..conftest import claim1, open_store
 from ..support.instances import Seeing, engine_for, instance
 from ..support.postgres import PostgresServer
 from ..support.waiting import poll
@@ -418,3 +420,35 @@ async def test_an_instants_table_made_wrong_is_not_used(
     finally:
         await engine.dispose()
     assert f"table {name} lacks column(s) instant, owner, claimed_at" in caplog.text
+
+
+async def test_a_release_landed_after_a_peer_claimed_the_instant_costs_no_tick(
+    database_url: str,
+) -> None:
+    """A's run of a job ended just before the next instant; B claimed that
+    instant first and found the job still held by A's lease (A's release was on
+    its way), so B skipped it; the release then landed, before A claimed. A
+    loses the instant, but claims that job on its own: the tick runs on A,
+    where it would otherwise have run nowhere (seen once in CI, on SQLite)."""
+    engine = create_async_engine(database_url)
+    log = logging.getLogger("tests.instant_claims")
+    now = time.time()
+    due = now - 0.1  # the instant; the run before it was at due - 1
+    try:
+        async with open_store(engine) as a_store, open_store(engine) as b_store:
+            a, b = Claims(a_store, log), Claims(b_store, log)
+            a.heartbeat = Heartbeat(a_store, OffsetClock(SystemClock()), log, lambda _: None)
+            fence = await claim1(a_store, JOBS[0], due - 1)
+            assert fence is not None
+            wanted = [(job, due) for job in JOBS]
+            instant = b.instant(JOBS, due, JOBS)
+            b_got = await b.claim(wanted, instant=instant)
+            assert not isinstance(b_got, Exception)
+            assert sorted(b_got) == JOBS[1:]  # JOBS[0] held by A's lease
+            a.release_soon(Ended(JOBS[0], fence, "ok", None, 0.9))
+            await a.flush()  # landed, after B's claim
+            a_got = await a.claim(wanted, instant=a.instant(JOBS, due, JOBS))
+            assert not isinstance(a_got, Exception)
+            assert sorted(a_got) == [JOBS[0]]
+    finally:
+        await engine.dispose()
