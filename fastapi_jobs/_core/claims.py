@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from hashlib import blake2b
@@ -104,9 +105,11 @@ class Claims:
         self._wanted: anyio.Event | None = None  # set when a release is gathered
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
-        # Releases that landed, by job, with when (the scheduler's clock), kept
-        # PEER_EARLY where the store claims instants (`_without_unsettled`).
-        self._landed: dict[str, float] = {}
+        # The batches of releases that landed, oldest first, each with when (the
+        # scheduler's clock), kept PEER_EARLY where the store claims instants
+        # (`_without_unsettled`): a batch, not a job, an entry (one a second for
+        # a thousand jobs of every second).
+        self._landed: deque[tuple[float, list[str]]] = deque()
 
     def changed_under(self, job: str, tick: float) -> float | None:
         """``job``'s claim of ``tick`` was refused for its version: the store has
@@ -239,14 +242,15 @@ class Claims:
         and skipped them, just before the release landed; losing the instant,
         this instance would skip them too, and the tick would run nowhere."""
         landed = self._landed
-        if not (self._unreleased or self._ended or self._sending or landed):
-            return instant
         key, at, jobs = instant
         since = at - PEER_EARLY
-        recent = {job for job, when in landed.items() if when >= since}
-        if len(recent) < len(landed):  # the others are past every instant to come
-            self._landed = {job: landed[job] for job in recent}
-        unsettled = {*self._unreleased, *(row.job for row in self._ended), *self._sending, *recent}
+        while landed and landed[0][0] < since:  # past every instant to come
+            landed.popleft()
+        if not (self._unreleased or self._ended or self._sending or landed):
+            return instant
+        unsettled = {*self._unreleased, *(row.job for row in self._ended), *self._sending}
+        for _, released in landed:
+            unsettled.update(released)
         if unsettled.isdisjoint(jobs):
             return instant
         jobs = jobs - unsettled
@@ -375,6 +379,5 @@ class Claims:
             self._sent = anyio.Event()
         heartbeat = self.heartbeat
         if self._instants and heartbeat is not None:
-            now = heartbeat.clock.now()
-            self._landed.update(dict.fromkeys(jobs, now))
+            self._landed.append((heartbeat.clock.now(), jobs))
         return sent
