@@ -50,12 +50,12 @@ _Both = Callable[..., Awaitable[tuple[Mapping[str, Exception], Mapping[str, int 
 # Runs that end "together" end a few microseconds apart (each is its own task):
 # the first release waits this long for the others to join its statement.
 GATHER = 0.002
-# How much earlier than an instant, on the database's clock, a peer may claim
-# it: its timer fires on time by its own clock, whose offset to the database's
-# is known to within the quickest recent heartbeat's round trip (milliseconds;
-# this allows a quarter of a second each for the peer's and this instance's).
-# A release that landed since then may have come after the peer's claim.
-PEER_EARLY = 0.5
+# A peer claims an instant when its clock reads it (its timer a hair early),
+# and its clock reads the database's to within its offset's uncertainty, taken
+# as this instance's own (one database, one network) for the peer's and for
+# this instance's reading of when a release landed; plus this margin. A
+# release that landed since may have come after the peer's claim.
+PEER_EARLY = 0.05
 # A warning names this many jobs, then counts the rest.
 _NAMED = 5
 
@@ -106,9 +106,9 @@ class Claims:
         self._sending: set[str] = set()  # jobs whose release is on its way
         self._sent = anyio.Event()  # set (and replaced) as each sending ends
         # The batches of releases that landed, oldest first, each with when (the
-        # scheduler's clock), kept PEER_EARLY where the store claims instants
-        # (`_without_unsettled`): a batch, not a job, an entry (one a second for
-        # a thousand jobs of every second).
+        # scheduler's clock), kept while a peer may yet claim an instant before
+        # them, where the store claims instants (`_without_unsettled`): a batch,
+        # not a job, an entry (one a second for a thousand jobs of every second).
         self._landed: deque[tuple[float, list[str]]] = deque()
 
     def changed_under(self, job: str, tick: float) -> float | None:
@@ -238,12 +238,14 @@ class Claims:
         decides between the two).
 
         Nor those whose release landed since a peer may have claimed the
-        instant (`PEER_EARLY` before it): the peer may have found them held,
-        and skipped them, just before the release landed; losing the instant,
-        this instance would skip them too, and the tick would run nowhere."""
+        instant (`PEER_EARLY`, and twice the clock's uncertainty, before it):
+        the peer may have found them held, and skipped them, just before the
+        release landed; losing the instant, this instance would skip them too,
+        and the tick would run nowhere."""
         landed = self._landed
         key, at, jobs = instant
-        since = at - PEER_EARLY
+        heartbeat = self.heartbeat
+        since = at - PEER_EARLY - (0.0 if heartbeat is None else 2 * heartbeat.uncertainty)
         while landed and landed[0][0] < since:  # past every instant to come
             landed.popleft()
         if not (self._unreleased or self._ended or self._sending or landed):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 
 from .._clock import OffsetClock
-from .._store import Store
+from .._store import FUTURE_MARGIN, Store
 from .health import StoreHealth
 
 __all__ = ["Heartbeat", "OffsetEstimate"]
@@ -137,6 +137,13 @@ class Heartbeat:
                 await self.store.prune()
         except Exception as exc:  # noqa: BLE001 - the next prune tries again
             self.logger.warning("pruning the run history failed: %r", exc)
+
+    @property
+    def uncertainty(self) -> float:
+        """How far `clock` may read off the database's clock: half the width of
+        the offset's bounds (FUTURE_MARGIN before they are measured)."""
+        width = self._estimate.high - self._estimate.low
+        return width / 2 if math.isfinite(width) else FUTURE_MARGIN
 
     def heard(self, sent: float, db_time: float, received: float) -> None:
         """A reading of the database's clock (``db_time``) by a call sent and

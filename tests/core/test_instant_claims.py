@@ -21,7 +21,7 @@ from fastapi_jobs._clock import OffsetClock
 from fastapi_jobs._core.claims import Claims
 from fastapi_jobs._core.dispatcher import GROUP_FROM
 from fastapi_jobs._core.heartbeat import Heartbeat
-from fastapi_jobs._store import Ended
+from fastapi_jobs._store import FUTURE_MARGIN, Ended
 from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.testing import MemoryStore
@@ -437,7 +437,13 @@ async def test_a_release_landed_after_a_peer_claimed_the_instant_costs_no_tick(
     try:
         async with open_store(engine) as a_store, open_store(engine) as b_store:
             a, b = Claims(a_store, log), Claims(b_store, log)
-            a.heartbeat = Heartbeat(a_store, OffsetClock(SystemClock()), log, lambda _: None)
+            a.heartbeat = beat = Heartbeat(a_store, OffsetClock(SystemClock()), log, lambda _: None)
+            assert beat.uncertainty == FUTURE_MARGIN  # not measured yet
+            local = beat.clock.local()
+            beat.heard(local, local + 0.002, local + 0.004)  # a 4 ms round trip
+            assert beat.uncertainty == pytest.approx(
+                0.003, abs=1e-6
+            )  # half of it, and the ms of resolution
             fence = await claim1(a_store, JOBS[0], due - 1)
             assert fence is not None
             wanted = [(job, due) for job in JOBS]
