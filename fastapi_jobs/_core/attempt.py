@@ -24,7 +24,7 @@ from .._clock import as_datetime
 from .._context import JobContext
 from .._results import Manual, Outcome, RunEnd, lease_lost, replaced
 from .._status import JobStats
-from .concurrency import cancelled_from_outside, thread_seen
+from .concurrency import cancelled_from_outside, thread_event, waited
 
 if TYPE_CHECKING:
     from .._clock import Clock
@@ -243,7 +243,20 @@ async def _call_timed(
 
 
 async def _call_sync(runner: Attempted, args: tuple[JobContext, ...]) -> TimeoutError | None:
-    """Run the sync job in a worker thread; a TimeoutError if it passed its timeout.
+    """Run the sync job in a worker thread (`_in_worker`), seen by a test's
+    virtual time until both its thread and this wait are over."""
+    done = thread_event()
+    try:
+        return await _in_worker(runner, args, done)
+    finally:
+        waited(done)
+
+
+async def _in_worker(
+    runner: Attempted, args: tuple[JobContext, ...], done: threading.Event
+) -> TimeoutError | None:
+    """Run the sync job in a worker thread, which sets ``done`` as it ends; a
+    TimeoutError if it passed its timeout.
 
     A thread cannot be interrupted. Past the timeout the run is reported at
     once and then waited for, so the job stays "running" (ticks drop as
@@ -251,9 +264,8 @@ async def _call_sync(runner: Attempted, args: tuple[JobContext, ...]) -> Timeout
     copies at once. Cancelled from outside (shutdown, lost lease), the wait
     is abandoned, and `busy` stays true until the thread returns.
     """
-    job, done = runner.job, threading.Event()
+    job = runner.job
     runner.thread_done = done
-    thread_seen(done)  # in a test's virtual time
     gate = _ThreadGate()
     try:
         if job.timeout is None:

@@ -56,6 +56,11 @@ GATHER = 0.002
 # this instance's reading of when a release landed; plus this margin. A
 # release that landed since may have come after the peer's claim.
 PEER_EARLY = 0.05
+# Landed releases older than this are dropped as more land: an instant's set is
+# claimed within an interval of it (later, each job's own claim decides), and a
+# minute covers a loop that woke that late; an app that never claims a set
+# (fewer than GROUP_FROM jobs due together) keeps a minute's batches, no more.
+LANDED_FOR = 60.0
 # A warning names this many jobs, then counts the rest.
 _NAMED = 5
 
@@ -381,5 +386,8 @@ class Claims:
             self._sent = anyio.Event()
         heartbeat = self.heartbeat
         if self._instants and heartbeat is not None:
-            self._landed.append((heartbeat.clock.now(), jobs))
+            now, landed = heartbeat.clock.now(), self._landed
+            while landed and landed[0][0] < now - LANDED_FOR:
+                landed.popleft()
+            landed.append((now, jobs))
         return sent

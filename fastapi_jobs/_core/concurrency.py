@@ -27,6 +27,8 @@ What differs, and why:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import contextvars
 import sys
 import threading
@@ -49,7 +51,8 @@ __all__ = [
     "in_thread",
     "is_cancellation",
     "sleep",
-    "thread_seen",
+    "thread_event",
+    "waited",
 ]
 
 T = TypeVar("T")
@@ -70,36 +73,88 @@ def sleep(delay: float) -> Awaitable[None]:
     return asyncio.sleep(delay)
 
 
-def thread_seen(done: threading.Event) -> None:
-    """Make a job's worker thread, which ends by setting ``done``, visible to
-    looptime's virtual clock, if the running loop is looptime's.
+def thread_event() -> threading.Event:
+    """The event a job's worker thread sets as it ends; under looptime, one
+    its virtual clock waits for.
 
     looptime fast-forwards its clock whenever the loop has nothing to do, and
     a thread started by ``anyio.to_thread`` is nothing it can see: virtual time
     ran past a sync job's thread (an every-minute job ran 11 to 52 times in a
     virtual hour, and a test's shutdown cut it at its deadline). It waits in
-    real time for what ``loop.run_in_executor`` runs: a thread of that kind
-    waits here for ``done``. Nothing happens on any other loop."""
+    real time for what ``loop.run_in_executor`` runs: the event is given such
+    a future, completed when it is set (no thread waits for it: a thread of the
+    loop's own executor each did, and six sync jobs at once took them all from
+    the app's DNS lookups). On any other loop, a plain event."""
     looptime = sys.modules.get("looptime")  # never imported: not its loop
     if looptime is None:
-        return
+        return threading.Event()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # trio
-        return
-    if isinstance(loop, looptime.LoopTimeEventLoop):
-        loop.run_in_executor(None, done.wait)
+        return threading.Event()
+    if not isinstance(loop, looptime.LoopTimeEventLoop):
+        return threading.Event()
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+    loop.run_in_executor(_AS_GIVEN, _given, ended)
+    return _Seen(ended)
+
+
+class _Seen(threading.Event):
+    """An event whose future completes once it is set (the thread ended) and
+    its waiter has gone on (`waited`): the thread's result reaches the loop
+    after the event is set, and virtual time must not run on in between."""
+
+    def __init__(self, ended: concurrent.futures.Future[None]) -> None:
+        super().__init__()
+        self._ended = ended
+        self._waited = False
+
+    def set(self) -> None:
+        super().set()
+        if self._waited:  # read after the set: see `waited`
+            self._end()
+
+    def waited(self) -> None:
+        self._waited = True
+        if self.is_set():  # one of the two (or both) ends it, whatever the order
+            self._end()
+
+    def _end(self) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # ended twice
+            self._ended.set_result(None)
+
+
+def waited(done: threading.Event) -> None:
+    """The loop's side is done with ``done``'s thread (its result is in, or it
+    was abandoned): virtual time may go on once the thread has ended too."""
+    if isinstance(done, _Seen):
+        done.waited()
+
+
+def _given(future: concurrent.futures.Future[None]) -> None:
+    raise AssertionError("never called: the executor hands the future back")
+
+
+class _Handing(concurrent.futures.Executor):
+    """An executor that runs nothing: it hands back the future it is given,
+    for ``run_in_executor`` to wrap (and looptime to wait for)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return args[0]
+
+
+_AS_GIVEN = _Handing()
 
 
 async def in_thread(func: Callable[..., T], *args: object) -> T:
     """``anyio.to_thread.run_sync(func, *args)`` (waited for, never abandoned),
-    its thread seen by a test's virtual time (`thread_seen`)."""
-    done = threading.Event()
-    thread_seen(done)
+    its thread seen by a test's virtual time (`thread_event`)."""
+    done = thread_event()
     try:
         return await anyio.to_thread.run_sync(func, *args)
     finally:  # it returned, or never started
         done.set()
+        waited(done)
 
 
 def is_cancellation(exc: BaseException) -> bool:

@@ -12,18 +12,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import anyio
+import anyio.lowlevel
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import Every, JobContext, Scheduler, SystemClock, TickAheadError
 from fastapi_jobs._clock import OffsetClock
-from fastapi_jobs._core.claims import Claims
+from fastapi_jobs._core.claims import LANDED_FOR, Claims
 from fastapi_jobs._core.dispatcher import GROUP_FROM
 from fastapi_jobs._core.heartbeat import Heartbeat
 from fastapi_jobs._store import FUTURE_MARGIN, Ended
 from fastapi_jobs.observers import TickSkipped
-from fastapi_jobs.stores import SQLAlchemyStore
+from fastapi_jobs.stores import Instance, SQLAlchemyStore
 from fastapi_jobs.testing import MemoryStore
 
 from ..conftest import claim1, open_store
@@ -458,3 +459,39 @@ async def test_a_release_landed_after_a_peer_claimed_the_instant_costs_no_tick(
             assert sorted(a_got) == [JOBS[0]]
     finally:
         await engine.dispose()
+
+
+class InstantsStore(MemoryStore):
+    """A memory store that says it claims instants (its releases are real)."""
+
+    instant_claims = True
+
+
+class Hand:
+    """A clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.at = 1_000_000.0
+
+    def now(self) -> float:
+        return self.at
+
+    async def sleep_until(self, ts: float) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+async def test_the_releases_kept_for_the_sets_are_a_minutes_where_no_set_is_claimed() -> None:
+    """An app with too few jobs due together for a set releases every second
+    and never claims an instant, which is where the landed releases were
+    pruned: they grew by one a run (86,400 a day for a job of every second).
+    Pruned as they land too, a minute's are kept."""
+    store, clock = InstantsStore(), Hand()
+    log = logging.getLogger("tests.instant_claims")
+    claims = Claims(store, log)
+    claims.heartbeat = Heartbeat(store, OffsetClock(clock), log, lambda _: None)
+    await store.open({}, Instance())
+    for _ in range(150):
+        clock.at += 1.0
+        claims.release_soon(Ended("every_second", 1, "ok", None, 0.01))
+        await claims.flush()
+    assert 55 <= len(claims._landed) <= LANDED_FOR + 1

@@ -3,14 +3,16 @@ clock and store, run in virtual time on a memory store for a block."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fastapi_jobs import ConfigurationError, JobContext, Scheduler, SystemClock
+from fastapi_jobs import ConfigurationError, Every, JobContext, Scheduler, SystemClock
 from fastapi_jobs.queues import HandoffRequest
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore, virtual
@@ -150,3 +152,28 @@ async def test_a_sync_jobs_thread_holds_virtual_time_back() -> None:
             await anyio.sleep(3630)
             [status] = scheduler.status()
     assert (len(runs), status.runs, status.skipped_ticks) == (60, 60, 0)
+
+
+async def test_sync_jobs_by_the_dozen_leave_the_loops_threads_free() -> None:
+    """Forty sync jobs at once, each asking the loop for work in its default
+    executor (as a DNS lookup does): none waits behind the others. Virtual
+    time once parked a thread of that executor per running sync job, and six
+    of them took every thread (on two cores)."""
+    scheduler = Scheduler()
+    runs: list[str] = []
+
+    async def lookup() -> int:
+        return await asyncio.get_running_loop().run_in_executor(None, int, "1")
+
+    for n in range(40):
+
+        def job(ctx: JobContext) -> None:
+            assert anyio.from_thread.run(lookup) == 1
+            runs.append(ctx.name)
+
+        scheduler.add_job(job, Every(minutes=1), name=f"sync{n}")
+
+    with virtual(scheduler, START):
+        async with scheduler.running():
+            await anyio.sleep(3 * 60 + 30)
+    assert Counter(runs) == {f"sync{n}": 3 for n in range(40)}
