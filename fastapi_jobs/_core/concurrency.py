@@ -82,9 +82,10 @@ def thread_event() -> threading.Event:
     ran past a sync job's thread (an every-minute job ran 11 to 52 times in a
     virtual hour, and a test's shutdown cut it at its deadline). It waits in
     real time for what ``loop.run_in_executor`` runs: the event is given such
-    a future, completed when it is set (no thread waits for it: a thread of the
-    loop's own executor each did, and six sync jobs at once took them all from
-    the app's DNS lookups). On any other loop, a plain event."""
+    a future, completed once it is set and its waiter has gone on (`_Seen`).
+    No thread waits for it: a thread of the loop's own executor each did, and
+    six sync jobs at once took them all from the app's DNS lookups. On any
+    other loop, a plain event."""
     looptime = sys.modules.get("looptime")  # never imported: not its loop
     if looptime is None:
         return threading.Event()
