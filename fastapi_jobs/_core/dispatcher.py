@@ -231,18 +231,23 @@ class Dispatcher:
                 # job whose pause the store has not told yet fails closed.
                 runner.skipped("store_unavailable" if runner.pause_unknown else "paused", tick)
                 continue
-            if runner.grouped:
-                # Paused here, a job is out of the set: an instance that has not
-                # yet heard of a resume made elsewhere has another set, so the
-                # instance that has claims the job by itself. Running here, it is
-                # in (its lease holds the tick for the cluster).
-                together.append(runner.job.name)
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
+                # Running here, a job is in its set: its lease holds the tick for
+                # the cluster. Only claiming its last tick, it is out: nothing of
+                # it is held here, and the instance that wins the instant sends
+                # no claim for it, so its peers, in a set of their own, must.
+                if runner.grouped and not runner.claiming:
+                    together.append(runner.job.name)
                 # Dropped, unless the job's overlap policy keeps it for after the run.
                 if runner.job.overlap == "skip" or not runner.hold_over(tick):
                     runner.skipped("overlap", tick)
                 continue
+            if runner.grouped:
+                # Paused here, a job is out of the set (above): an instance that
+                # has not yet heard of a resume made elsewhere has another set, so
+                # the instance that has claims the job by itself.
+                together.append(runner.job.name)
             runner.take(tick)
             if runner.leases is None:
                 to_wake.append(runner)

@@ -557,6 +557,19 @@ class JobRunner:
         return self.in_flight or self.stats.running or (done is not None and not done.is_set())
 
     @property
+    def claiming(self) -> bool:
+        """The tick taken is on its way to the store, and nothing of the job is
+        held here: no claim won, no run, no thread. Its previous tick may be
+        claimed elsewhere, and its run there over by the next instant."""
+        return (
+            self.in_flight
+            and self.fence is None
+            and self.lease is None
+            and not self.stats.running
+            and not self.thread_running
+        )
+
+    @property
     def thread_running(self) -> bool:
         """A thread of this job runs on after its run was cut or abandoned."""
         done = self.thread_done

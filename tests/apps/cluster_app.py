@@ -39,6 +39,8 @@ from sqlalchemy.schema import CreateTable
 from fastapi_jobs import Every, JobContext, Scheduler, SystemClock
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from .telling import TellSkips
+
 logging.basicConfig(level=logging.INFO)
 ENV = os.environ
 INTERVAL = float(ENV.get("INTERVAL", "0.25"))
@@ -134,6 +136,7 @@ scheduler = Scheduler(
     shutdown_timeout=float(ENV.get("SHUTDOWN_TIMEOUT", "30")),
     clock=OffsetClock(float(ENV.get("CLOCK_OFFSET", "0"))),
 )
+scheduler.add_observer(TellSkips())
 ME = scheduler.instance.id
 
 

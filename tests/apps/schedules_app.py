@@ -29,6 +29,8 @@ from sqlalchemy.schema import CreateTable
 from fastapi_jobs import Every, JobContext, Scheduler, ScheduleSpec
 from fastapi_jobs.stores import SQLAlchemyStore
 
+from .telling import TellSkips
+
 logging.basicConfig(level=logging.INFO)
 ENV = os.environ
 
@@ -68,6 +70,7 @@ store = SQLAlchemyStore(
     heartbeat=float(ENV.get("HEARTBEAT", "0.3")),
 )
 scheduler = Scheduler(lifespan=resources, store=store, shutdown_timeout=10)
+scheduler.add_observer(TellSkips())
 ME = scheduler.instance.id
 
 

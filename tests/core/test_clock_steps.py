@@ -18,11 +18,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from fastapi_jobs import Every, JobContext, Scheduler
 from fastapi_jobs._core.dispatcher import GROUP_FROM, WATCH_EVERY
+from fastapi_jobs.observers import TickSkipped
 from fastapi_jobs.stores import SQLAlchemyStore
 from fastapi_jobs.testing import LoopClock, MemoryDatabase, MemoryStore
 
 from ..conftest import START, serving
-from ..support.instances import engine_for
+from ..support.instances import Seeing, engine_for
 from ..support.postgres import PostgresServer
 from ..support.waiting import poll
 
@@ -249,9 +250,11 @@ async def test_a_database_clock_stepped_back_loses_only_the_ticks_it_had_run(
     url = server.url(server.create_database())
     runs: Counter[tuple[str, float]] = Counter()
     grouped = [f"set-{n}" for n in range(GROUP_FROM + 2)]
+    seen: list[TickSkipped] = []  # for a failure to say which instance dropped a tick
 
     def an_instance() -> Scheduler:
         scheduler = Scheduler(store=SQLAlchemyStore(lambda state: state["db"]), shutdown_timeout=5)
+        scheduler.add_observer(Seeing(seen))
 
         async def job(ctx: JobContext) -> None:
             runs[ctx.name, ctx.tick.timestamp()] += 1
@@ -284,7 +287,8 @@ async def test_a_database_clock_stepped_back_loses_only_the_ticks_it_had_run(
     for job, every in [("alone", 0.7), *((name, 0.5) for name in grouped)]:
         ticks = sorted(tick for name, tick in runs if name == job)
         due, _ = Every(seconds=every).ticks_between(ticks[0], ticks[-1])
-        assert len(ticks) == due + 1, (job, stepped[job], ticks)  # none missing
+        skipped = [(e.instance, e.tick, e.reason, e.ticks) for e in seen if e.job == job]
+        assert len(ticks) == due + 1, (job, stepped[job], ticks, skipped)  # none missing
     for jobs in statuses:
         for status in jobs:
             assert "store_unavailable" not in status.skipped, status

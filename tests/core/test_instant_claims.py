@@ -495,3 +495,88 @@ async def test_the_releases_kept_for_the_sets_are_a_minutes_where_no_set_is_clai
         claims.release_soon(Ended("every_second", 1, "ok", None, 0.01))
         await claims.flush()
     assert 55 <= len(claims._landed) <= LANDED_FOR + 1
+
+
+class Slowed(SQLAlchemyStore):
+    """A store whose claims reach the database late: those of a job alone (no
+    instant) by ``alone`` seconds, those of an instant's set by ``instants``."""
+
+    def __init__(self, *args: Any, alone: float = 0.0, instants: float = 0.0) -> None:
+        super().__init__(*args)
+        self.alone, self.instants = alone, instants
+
+    def _delay(self, given: Mapping[str, Any]) -> float:
+        return self.instants if given.get("instant") is not None else self.alone
+
+    async def claim(self, wanted: Sequence[tuple[str, float]], **given: Any) -> Any:
+        await anyio.sleep(self._delay(given))
+        return await super().claim(wanted, **given)
+
+    async def release_then_claim(
+        self, ended: Sequence[Ended], wanted: Sequence[tuple[str, float]], **given: Any
+    ) -> tuple[dict[str, Exception], dict[str, int | Exception]]:
+        await anyio.sleep(self._delay(given))
+        return await super().release_then_claim(ended, wanted, **given)
+
+
+async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
+    cluster_url: str,
+) -> None:
+    """``JOBS[0]`` comes due every 0.3 s, the others every 0.6 s: at every other
+    instant it is claimed alone, and A's claims of it alone reach the database
+    0.4 s late, past the next instant, where it is due with the set. A, still
+    claiming its last tick, skips that one; B's claims of the set come 0.1 s
+    late, so A wins the instant. A counted the job in its set all the same, sent
+    no claim for it, and B, losing the instant, skipped it too: the tick ran
+    nowhere (seen in CI under load, a claim slowed by SQLite's lock). Now the
+    job is out of A's set: B claims it."""
+    ran: list[tuple[str, float]] = []
+    seen: list[TickSkipped] = []
+    first, rest = JOBS[0], JOBS[1:]
+    async with engine_for(cluster_url) as engine:
+        instances = []
+        for options in ({"alone": 0.4}, {"instants": 0.1}):
+            scheduler = Scheduler(
+                store=Slowed(lambda state: state["db"], **options), shutdown_timeout=5
+            )
+            scheduler.add_observer(Seeing(seen))
+
+            async def job(ctx: JobContext) -> None:
+                ran.append((ctx.name, ctx.tick.timestamp()))
+
+            scheduler.add_job(job, Every(seconds=0.3), name=first)
+            for name in rest:
+                scheduler.add_job(job, Every(seconds=0.6), name=name)
+            instances.append(scheduler)
+        a, b = instances
+
+        def skipped_by_a() -> set[float]:
+            """The set's instants at which A skipped the job, its claim on its way."""
+            return {
+                e.tick
+                for e in seen
+                if e.instance == a.instance.id
+                and e.job == first
+                and e.reason == "overlap"
+                and e.tick is not None
+                and round(e.tick / 0.3) % 2 == 0
+            }
+
+        async with a.running({"db": engine}), b.running({"db": engine}):
+            await poll(lambda: len(skipped_by_a()) >= 4, within=30)
+    ran_first = {tick for name, tick in ran if name == first}
+    said_by_b = {
+        e.tick
+        for e in seen
+        if e.instance == b.instance.id
+        and e.job == first
+        and e.reason != "claimed_elsewhere"
+        and e.tick is not None
+    }
+    lost = sorted(
+        tick
+        for tick in skipped_by_a()
+        if not any(abs(tick - t) < 1e-3 for t in ran_first | said_by_b)
+    )
+    assert not lost, (lost, [e for e in seen if e.job == first])
+    assert max(Counter(ran).values()) == 1

@@ -46,8 +46,22 @@ def assert_none_left_out(
         assert not unexplained, (
             f"{job}: ticks left out after {ran}: {unexplained}; "
             f"claimed as an instance stopped: {sorted(unrun)}; "
+            f"the instances skipped:\n{skips(apps, job, ran, next_ran)}\n"
             f"the instances warned:\n{warnings(apps)}"
         )
+
+
+def skips(apps: Sequence[App], job: str, since: float, until: float) -> str:
+    """The ticks of ``job`` from ``since`` to ``until`` that each instance did not
+    run, with its reason (as the apps' `tests.apps.telling` observer logs them),
+    for a failure to say which branch dropped a tick."""
+    said = re.compile(rf"skip {re.escape(job)} (\S+) (\w+) (\d+)$", re.MULTILINE)
+    return "\n".join(
+        f"{app.pid}: {tick} {reason} x{count}"
+        for app in apps
+        for tick, reason, count in said.findall(app.output())
+        if tick == "-" or since - 1e-3 <= float(tick) <= until + 1e-3
+    )
 
 
 def warnings(apps: Sequence[App]) -> str:
