@@ -26,7 +26,13 @@ import httpx
 import pytest
 
 from ..support.cluster import App, rows, start
-from ..support.ticks import assert_none_left_out, dropped_while_held, skips, warnings
+from ..support.ticks import (
+    assert_none_left_out,
+    dropped_while_held,
+    said_of,
+    skips,
+    warnings,
+)
 from ..support.waiting import wait_until
 
 APP = "tests.apps.schedules_app:app"
@@ -334,7 +340,8 @@ def test_sets_applied_at_once_from_two_clients_lose_no_tick_silently(
                 tick = ran + k * every
                 assert tick in held or any(abs(tick - t) < 1e-3 for t in told), (
                     f"{job}: tick {tick} ran nowhere, and no instance said why\n"
-                    f"{skips(apps, job, ran, next_ran)}\n{warnings(apps)}"
+                    f"{skips(apps, job, ran, next_ran)}\n{said_of(apps, job, [tick])}\n"
+                    f"{warnings(apps)}"
                 )
     assert total >= 10 * 14  # 8 s of ticks every 0.5 s, for each of the 10
     said = "".join(app.output() for app in apps)

@@ -519,6 +519,15 @@ class Slowed(SQLAlchemyStore):
         return await super().release_then_claim(ended, wanted, **given)
 
 
+def noting(ran: list[tuple[str, float, str]], me: str) -> Callable[[JobContext], Any]:
+    """A job that notes its name, its tick and the instance it ran on (``me``)."""
+
+    async def job(ctx: JobContext) -> None:
+        ran.append((ctx.name, ctx.tick.timestamp(), me))
+
+    return job
+
+
 async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
     cluster_url: str,
 ) -> None:
@@ -530,20 +539,18 @@ async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
     no claim for it, and B, losing the instant, skipped it too: the tick ran
     nowhere (seen in CI under load, a claim slowed by SQLite's lock). Now the
     job is out of A's set: B claims it."""
-    ran: list[tuple[str, float]] = []
+    ran: list[tuple[str, float, str]] = []  # job, tick, instance
     seen: list[TickSkipped] = []
     first, rest = JOBS[0], JOBS[1:]
     async with engine_for(cluster_url) as engine:
         instances = []
-        for options in ({"alone": 0.4}, {"instants": 0.1}):
+        for me, options in (("A", {"alone": 0.4}), ("B", {"instants": 0.1})):
             scheduler = Scheduler(
                 store=Slowed(lambda state: state["db"], **options), shutdown_timeout=5
             )
             scheduler.add_observer(Seeing(seen))
 
-            async def job(ctx: JobContext) -> None:
-                ran.append((ctx.name, ctx.tick.timestamp()))
-
+            job = noting(ran, me)
             scheduler.add_job(job, Every(seconds=0.3), name=first)
             for name in rest:
                 scheduler.add_job(job, Every(seconds=0.6), name=name)
@@ -562,9 +569,20 @@ async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
                 and round(e.tick / 0.3) % 2 == 0
             }
 
+        def heard_by_b(tick: float) -> bool:
+            """B ran ``tick`` of the job, or said it did not."""
+            return any(
+                abs(tick - t) < 1e-3
+                for t in [t for name, t, _ in ran if name == first]
+                + [e.tick for e in seen if e.instance == b.instance.id and e.job == first]
+                if t is not None
+            )
+
         async with a.running({"db": engine}), b.running({"db": engine}):
             await poll(lambda: len(skipped_by_a()) >= 4, within=30)
-    ran_first = {tick for name, tick in ran if name == first}
+            # B claims 0.1 s after A: the last of them may be on its way.
+            await poll(lambda: all(heard_by_b(t) for t in skipped_by_a()), within=30)
+    ran_first = {tick for name, tick, _ in ran if name == first}
     said_by_b = {
         e.tick
         for e in seen
@@ -573,10 +591,20 @@ async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
         and e.reason != "claimed_elsewhere"
         and e.tick is not None
     }
+    # A tick A ran itself (B claims 0.1 s late: its first, say, before B
+    # started) holds the job as B's claim of the next lands: dropped, rightly.
+    ran_by_a = {tick for name, tick, by in ran if name == first and by == "A"}
     lost = sorted(
         tick
         for tick in skipped_by_a()
         if not any(abs(tick - t) < 1e-3 for t in ran_first | said_by_b)
+        and not any(abs(tick - 0.3 - t) < 1e-3 for t in ran_by_a)
     )
-    assert not lost, (lost, [e for e in seen if e.job == first])
-    assert max(Counter(ran).values()) == 1
+    told = [
+        f"{'A' if e.instance == a.instance.id else 'B'} {e.tick} {e.reason}"
+        for e in seen
+        if e.job == first
+    ]
+    runs = [f"{by} {tick}" for name, tick, by in ran if name == first]
+    assert not lost, f"{lost}\nskipped: {told}\nran: {runs}"
+    assert max(Counter((name, tick) for name, tick, _ in ran).values()) == 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from .cluster import App, rows
 
@@ -47,8 +47,21 @@ def assert_none_left_out(
             f"{job}: ticks left out after {ran}: {unexplained}; "
             f"claimed as an instance stopped: {sorted(unrun)}; "
             f"the instances skipped:\n{skips(apps, job, ran, next_ran)}\n"
+            f"the instances said of them:\n{said_of(apps, job, unexplained)}\n"
             f"the instances warned:\n{warnings(apps)}"
         )
+
+
+def said_of(apps: Sequence[App], job: str, ticks: Sequence[float]) -> str:
+    """What the instances logged of ``job``'s ``ticks`` (a claim released unrun,
+    a tick handed to a schedule's new version), for a failure to show."""
+    named = [datetime.fromtimestamp(tick, UTC).isoformat() for tick in ticks]
+    return "\n".join(
+        f"{app.pid}: {line}"
+        for app in apps
+        for line in app.output().splitlines()
+        if f"'{job}'" in line and any(at in line for at in named)
+    )
 
 
 def skips(apps: Sequence[App], job: str, since: float, until: float) -> str:
