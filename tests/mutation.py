@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -118,12 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(paths) - set(configured()))
     if unknown:
         parser.error(f"not in [tool.mutmut] only_mutate in pyproject.toml: {', '.join(unknown)}")
+    if not args.report and shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
+        parser.error("mutmut is not installed here: pip install -e . --group dev")
     times = ROOT / "mutants" / "mutation-times.json"  # each module's last run, for --report
     seconds = json.loads(times.read_text()) if times.exists() else {}
     for path in [] if args.report else paths:
         took = run(path, args.children, args.resume, args.sample)
         if took:  # 0: nothing left to run
             seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
+        times.parent.mkdir(exist_ok=True)
         times.write_text(json.dumps(seconds, indent=1))
     print(table(paths, {path: seconds[path] for path in paths if path in seconds}))
     return 0
