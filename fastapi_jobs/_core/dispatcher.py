@@ -233,11 +233,13 @@ class Dispatcher:
                 continue
             # runner.busy, with its cheap parts first.
             if runner.in_flight or stats.running or (runner.thread_done and runner.busy):
-                # Running here, a job is in its set: its lease holds the tick for
-                # the cluster. Only claiming its last tick, it is out: nothing of
-                # it is held here, and the instance that wins the instant sends
-                # no claim for it, so its peers, in a set of their own, must.
-                if runner.grouped and not runner.claiming:
+                # Busy under a claim it holds, a job is in its set: that claim
+                # holds the tick for the cluster. Busy otherwise (its claim's
+                # answer on its way, a run by hand that claimed nothing), it is
+                # out: winning the instant, this instance would claim nothing
+                # for it, and its peers, losing it, would skip it. Out of the
+                # set, the job's own row decides between them.
+                if runner.grouped and runner.holds_claim:
                     together.append(runner.job.name)
                 # Dropped, unless the job's overlap policy keeps it for after the run.
                 if runner.job.overlap == "skip" or not runner.hold_over(tick):

@@ -557,17 +557,12 @@ class JobRunner:
         return self.in_flight or self.stats.running or (done is not None and not done.is_set())
 
     @property
-    def claiming(self) -> bool:
-        """The tick taken is on its way to the store, and nothing of the job is
-        held here: no claim won, no run, no thread. Its previous tick may be
-        claimed elsewhere, and its run there over by the next instant."""
-        return (
-            self.in_flight
-            and self.fence is None
-            and self.lease is None
-            and not self.stats.running
-            and not self.thread_running
-        )
+    def holds_claim(self) -> bool:
+        """This instance holds a claim of the job that it knows of: answered and
+        not yet run (``fence``), or under a run's lease. Not a claim whose answer
+        is still on its way, nor a run asked for by hand without a claim, nor a
+        thread left behind by a run whose lease ended."""
+        return self.fence is not None or self.lease is not None
 
     @property
     def thread_running(self) -> bool:
