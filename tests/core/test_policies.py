@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 
 from fastapi_jobs import ConfigurationError, Cron, Every, JobContext, Scheduler
+from fastapi_jobs._policies import name_offset
 from fastapi_jobs.observers import TickSkipped
 
 from ..conftest import HOUR, START, serve, virtual_scheduler
@@ -297,3 +298,82 @@ def test_replace_needs_an_async_job_and_policies_need_no_hand_off() -> None:
     with pytest.raises(ConfigurationError, match="thread, which cannot be cancelled"):
         scheduler.add_job(sync_job, Every(hours=1), overlap="replace")
     scheduler.add_job(sync_job, Every(hours=1), overlap="queue_one")
+
+
+async def _async_job() -> None: ...
+
+
+def _sync_job() -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("func", "schedule", "options", "message"),
+    [
+        (
+            _async_job,
+            Every(hours=1),
+            {"jitter": 1e-7},
+            "job 'digest': jitter=1e-07: must be at least 1 µs",
+        ),
+        (
+            _async_job,
+            Every(hours=1),
+            {"jitter": "5m"},
+            "job 'digest': jitter='5m': not a duration; pass a number of seconds or a timedelta",
+        ),
+        (
+            _async_job,
+            Cron("0,5 9 * * *"),
+            {"jitter": timedelta(minutes=5)},
+            "job 'digest': jitter=0:05:00 must be shorter than the schedule's interval "
+            "(0:05:00, its shortest gap between two ticks)",
+        ),
+        (
+            _sync_job,
+            Every(hours=1),
+            {"overlap": "replace"},
+            "job 'digest': overlap='replace' needs an async job: a sync job runs in a thread, "
+            "which cannot be cancelled (use 'queue_one', or make it async def)",
+        ),
+        (
+            _async_job,
+            Every(hours=1),
+            {"overlap": "queue_one", "enqueue": lambda ctx: None},
+            "job 'digest': overlap='queue_one' with enqueue=: a hand-off's run is its "
+            "enqueue, which takes no time; the queue's worker decides what overlaps",
+        ),
+    ],
+)
+def test_a_refused_policy_says_which_job_what_was_given_and_why(
+    func: object, schedule: Every | Cron, options: dict[str, object], message: str
+) -> None:
+    """Each refusal whole: the job's name, the value given, and what to do."""
+    with pytest.raises(ConfigurationError) as raised:
+        Scheduler().add_job(func, schedule, name="digest", **options)  # type: ignore[arg-type]
+    assert str(raised.value) == message
+
+
+def test_a_jittered_schedule_equals_one_made_alike_and_says_its_offset() -> None:
+    """Two declarations of one job with one jitter make equal schedules (a stored
+    schedule applied again is unchanged), hashed alike; another name, jitter or
+    schedule makes another; and the description gives the name's offset."""
+
+    def made(name: str = "digest", jitter: float = 30, every: float = 60) -> object:
+        scheduler = Scheduler()
+        scheduler.add_job(_async_job, Every(seconds=every), name=name, jitter=jitter)
+        return scheduler.jobs[name].schedule
+
+    one = made()
+    assert one == made() and hash(one) == hash(made())
+    assert one != made(name="other") and one != made(jitter=20) and one != made(every=120)
+    assert one != Every(seconds=60) and one != "digest"
+    offset = timedelta(seconds=one.next_after(0) % 60)  # type: ignore[attr-defined]
+    assert one.describe() == f"every 1m, jitter 0:00:30 (+{offset})"  # type: ignore[attr-defined]
+
+
+def test_a_names_offset_takes_any_string() -> None:
+    """The offset is drawn from the name's UTF-8 bytes, a lone surrogate passed
+    through (names are checked elsewhere; this draw never raises)."""
+    assert name_offset("a\ud800", 10**6) == name_offset("a\ud800", 10**6)
+    assert 0 <= name_offset("a\ud800", 10**6) < 10**6
+    assert name_offset("a\ud800", 10**6) != name_offset("a\ud801", 10**6)
