@@ -273,9 +273,14 @@ async def test_instances_with_the_same_jobs_send_one_instants_claims(
     assert instants >= 2 * 6, window  # both claim each instant
     # One claim per instant (the window's edges may cut an instant's statements
     # in two: one more); an instance that wakes late for an instant (its loop
-    # stalled past the next tick) claims the latest tick job by job.
+    # stalled past the next tick) claims the latest tick job by job; and one
+    # whose claim of a job's tick before had no answer yet (skipped as overlap:
+    # a loaded machine's SQLite lock) leaves the job out of its set, so the two
+    # sets differ and each instance sends its claims for that instant.
     late = len({(e.instance, e.tick) for e in seen if e.reason == "missed"})
-    assert window["fastapi_jobs_claims"] <= (instants + 1) // 2 + 1 + late, (window, late)
+    split = len({e.tick for e in seen if e.reason == "overlap"})
+    most = (instants + 1) // 2 + 1 + late + split
+    assert window["fastapi_jobs_claims"] <= most, (window, late, split)
     lost = [e for e in seen if e.reason == "claimed_elsewhere"]
     assert len({(e.instance, e.tick) for e in lost}) >= 6, lost
 
