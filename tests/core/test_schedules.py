@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from fastapi_jobs import ConfigurationError, Cron, Every
+from fastapi_jobs import ConfigurationError, Cron, Every, Schedule
 
 UTC = UTC
 LISBON = ZoneInfo("Europe/Lisbon")
@@ -199,4 +200,43 @@ def test_describe_is_human_readable() -> None:
     assert Every(seconds=0.5).describe() == "every 0.5s"
     assert Cron("0 7 * * mon-fri", tz="Europe/Lisbon").describe() == (
         "cron '0 7 * * mon-fri' Europe/Lisbon (At 07:00 on Monday through Friday)"
+    )
+
+
+class TenSeconds(Schedule):
+    """A schedule of one's own: every 10 s, with neither of the optional methods."""
+
+    def next_after(self, ts: float) -> float:
+        return (math.floor(ts / 10) + 1) * 10.0
+
+    def describe(self) -> str:
+        return "every 10 s, my way"
+
+
+def test_a_schedule_of_ones_own_counts_its_ticks_and_says_what_it_lacks() -> None:
+    """The base class counts by stepping; past 100,000 ticks it stops counting
+    and still finds the last tick; and it says which method looking backwards
+    needs."""
+    mine = TenSeconds()
+    assert mine.ticks_between(0, 95) == (9, 90.0)
+    assert mine.ticks_between(0, 5) == (0, 0)
+    assert mine.ticks_between(0, 10 * 100_005) == (100_000, 1_000_050.0)
+    with pytest.raises(NotImplementedError) as raised:
+        mine.last_at_or_before(100.0)
+    assert str(raised.value) == "TenSeconds cannot look backwards: implement last_at_or_before()"
+
+
+def test_a_naive_datetime_is_refused_with_what_to_pass() -> None:
+    with pytest.raises(ValueError, match=r"^pass an aware") as raised:
+        Every(hours=1).next_datetime(datetime(2026, 1, 1))
+    assert str(raised.value) == "pass an aware datetime (with tzinfo), not a naive one"
+
+
+def test_a_cron_shows_its_zone_and_equals_one_made_alike() -> None:
+    lisbon = Cron("0 9 * * *", tz="Europe/Lisbon")
+    assert repr(lisbon) == "Cron('0 9 * * *', tz='Europe/Lisbon')"
+    alike = Cron("0 9 * * *", tz=ZoneInfo("Europe/Lisbon"))
+    assert lisbon == alike and hash(lisbon) == hash(alike)
+    assert lisbon != Cron("0 9 * * *", tz="UTC") and lisbon != Cron(
+        "0 10 * * *", tz="Europe/Lisbon"
     )
