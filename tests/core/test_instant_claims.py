@@ -576,6 +576,18 @@ def heard_by(
     return any(t is not None and abs(tick - t) < 1e-3 for t in ticks)
 
 
+def overlaps(scheduler: Scheduler, seen: list[TickSkipped]) -> set[float]:
+    """The ticks of ``JOBS[0]`` that ``scheduler`` skipped as overlap."""
+    return {
+        e.tick
+        for e in seen
+        if e.instance == scheduler.instance.id
+        and e.job == JOBS[0]
+        and e.reason == "overlap"
+        and e.tick is not None
+    }
+
+
 def assert_run_by_b(
     a: Scheduler,
     b: Scheduler,
@@ -627,15 +639,7 @@ async def test_a_job_whose_last_claim_is_on_its_way_is_claimed_by_the_peers(
 
         def skipped_by_a() -> set[float]:
             """The set's instants at which A skipped the job, its claim on its way."""
-            return {
-                e.tick
-                for e in seen
-                if e.instance == a.instance.id
-                and e.job == JOBS[0]
-                and e.reason == "overlap"
-                and e.tick is not None
-                and round(e.tick / 0.3) % 2 == 0
-            }
+            return {t for t in overlaps(a, seen) if round(t / 0.3) % 2 == 0}
 
         async with a.running({"db": engine}), b.running({"db": engine}):
             await poll(lambda: len(skipped_by_a()) >= 4, within=30)
@@ -671,15 +675,7 @@ async def test_a_run_by_hand_leaves_the_jobs_ticks_to_the_peers(cluster_url: str
             result = await a.run_now(JOBS[0])
             assert result.outcome == "ok", result
             ((began, ended),) = by_hand
-            skipped = {
-                e.tick
-                for e in seen
-                if e.instance == a.instance.id
-                and e.job == JOBS[0]
-                and e.reason == "overlap"
-                and e.tick is not None
-                and began < e.tick < ended
-            }
+            skipped = {t for t in overlaps(a, seen) if began < t < ended}
             assert skipped, seen  # 1.5 s of a 0.6 s job
             await poll(lambda: all(heard_by(b, ran, seen, t) for t in skipped), within=30)
     assert_run_by_b(a, b, ran, seen, skipped)
