@@ -102,6 +102,7 @@ class JobRunner:
 
     __slots__ = (
         "_catch_up",
+        "_claim_again",
         "_claims",
         "_gate",
         "_handle",
@@ -195,6 +196,9 @@ class JobRunner:
         self._keep = keep
         self._retry_wait: anyio.CancelScope | None = None  # a retry's wait, which stop() ends
         self._catch_up: float | None = None  # the missed tick announced at start
+        # The tick whose claim, on its way, the predecessor's claim may have had
+        # refused: claimed once more if so (`_claim_after_handed`).
+        self._claim_again: float | None = None
         self.lease: Lease | None = None  # the claimed run's, while it goes
 
     @property
@@ -377,10 +381,18 @@ class JobRunner:
             and self.manual is None
             and self.observers is None
             and not self.stopping
+            and self._claim_again is None
         ):
             self.in_flight = self.woken = False
             self.stats.skip("claimed_elsewhere", 1)
             return
+        if self._claim_again is not None:
+            again, self._claim_again = self._claim_again, None
+            if again == self.due and not self.stopping and self._tasks is not None:
+                # Refused under the predecessor's claim, given back since: the
+                # release goes before this claim, in the same call.
+                self._tasks.dispatcher.claim_now(self, again)
+                return
         self.free()
         self.skipped("claimed_elsewhere", self.due)
 
@@ -496,6 +508,28 @@ class JobRunner:
             assert self._claims is not None
             self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
         self.changed_away(tick, why or "the scheduler is stopping")
+        if fence is not None and tasks is not None and not self.stopping:
+            self._claim_after_handed(tasks, tick)
+
+    def _claim_after_handed(self, tasks: Spawning, handed: float) -> None:
+        """A claim handed over unrun (a later tick of this version is due, or
+        this runner's own is taken) is given back: the claims of this version's
+        ticks made meanwhile, here and on every peer, were refused while it held
+        the job's row, so none of them runs unless claimed again. The latest
+        due is, once: now if the job is free; if this runner's own claim is on
+        its way, once more should the store refuse it (`lost`). (No tick after
+        ``handed`` was claimed by anyone since: the store refuses a claim of a
+        tick older than its row's, so the handed claim would not have been made.)"""
+        if self.in_flight:
+            if self.fence is None and self.manual is None and not self.woken:
+                self._claim_again = self.due
+            return
+        try:
+            latest = self.job.schedule.last_at_or_before(self.clock.now())
+        except Exception:  # noqa: BLE001 - a schedule of the user's (`_drops` said so)
+            return
+        if latest > handed:
+            tasks.dispatcher.claim_now(self, latest)
 
     def changed_away(self, tick: float, why: str) -> None:
         """``tick``, taken under a version of the job's stored schedule that

@@ -312,6 +312,61 @@ async def test_a_tick_whose_claim_was_on_its_way_as_its_schedule_changed_runs_on
         assert skipped in (None, {"schedule_changed": 1})
 
 
+class AnsweredLate(MemoryStore):
+    """A memory store that makes each claim at once but answers those of
+    ``late`` ticks only when ``answer`` is set (a process too loaded to read its
+    answers): the row is held meanwhile."""
+
+    late: frozenset[float] = frozenset()
+    answer = anyio.Event()
+
+    async def claim(self, wanted: Any, **kwargs: Any) -> dict[str, int | Exception]:
+        made = await super().claim(wanted, **kwargs)
+        if any(tick in self.late for _, tick in wanted):
+            await self.answer.wait()
+        return made
+
+
+@pytest.mark.parametrize("answered", ["the old first", "the new first"])
+async def test_a_tick_refused_under_a_late_claim_handed_over_unrun_runs_after_all(
+    answered: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim of tick 20 is made, its answer late; the set is applied,
+    keeping the ticks; tick 30 comes and its claim is refused, since 20's holds
+    the row. 20's answer comes after 30 was due: 20 is not run (a later tick of
+    the new version is due), and its claim, given back, no longer holds 30
+    back: 30 runs, late, under the new version. (Before, 30 ran nowhere, counted
+    claimed elsewhere.) Whichever of the two answers is read first."""
+    caplog.set_level(logging.INFO, "fastapi_jobs")
+    clock = LoopClock(START)
+    store = AnsweredLate(MemoryDatabase(clock), timeout=20, lease=90)
+    ran: Ran = []
+    scheduler = with_report(ran, Scheduler(clock=clock, store=store))
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _report("a"))
+        await anyio.sleep(15)  # tick 10 runs
+        store.answer = anyio.Event()
+        store.late = frozenset({at + 20} if answered == "the new first" else {at + 20, at + 30})
+        await anyio.sleep(10)  # 20's claim is made, unanswered
+        await scheduler.apply_schedules("g", _report("b"))
+        await anyio.sleep(6)  # 30's claim is refused: 20's holds the row
+        store.answer.set()
+        await anyio.sleep(20)  # 40 and 50
+        status = scheduler.job_status("report-a")
+    assert [(tenant, at) for _, tenant, at in ran] == [
+        ("a", 10.0),
+        ("b", 30.0),
+        ("b", 40.0),
+        ("b", 50.0),
+    ]
+    assert "tick 2026-03-02T00:00:20+00:00 was not run: its schedule changed" in caplog.text
+    if answered == "the old first":
+        assert status.skipped == {"schedule_changed": 1}
+    else:  # 30's refusal was read, and counted, before 20's claim was given back
+        assert status.skipped == {"schedule_changed": 1, "claimed_elsewhere": 1}
+
+
 @pytest.mark.parametrize("change", list(CHANGES))
 async def test_a_change_made_elsewhere_under_a_tick_is_told_and_the_tick_kept_runs_once(
     change: str, caplog: pytest.LogCaptureFixture
