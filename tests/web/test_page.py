@@ -211,7 +211,7 @@ async def test_control_endpoints_refuse_cross_origin_browser_requests(
 async def test_with_a_store_the_page_shows_the_instances_and_the_claimed_runs(
     tmp_path: Path,
 ) -> None:
-    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}", timeout=1)
+    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}")  # the default timeout: a loaded machine's SQLite is slow
     scheduler = Scheduler(store=store)
     calls: list[int] = []
 
