@@ -211,7 +211,8 @@ async def test_control_endpoints_refuse_cross_origin_browser_requests(
 async def test_with_a_store_the_page_shows_the_instances_and_the_claimed_runs(
     tmp_path: Path,
 ) -> None:
-    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}")  # the default timeout: a loaded machine's SQLite is slow
+    # The default timeout: SQLite on a loaded machine is slow to answer.
+    store = SQLAlchemyStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}")
     scheduler = Scheduler(store=store)
     calls: list[int] = []
 
