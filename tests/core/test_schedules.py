@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from fastapi_jobs import ConfigurationError, Cron, Every, Schedule
+from fastapi_jobs._schedules import as_us
 
 UTC = UTC
 LISBON = ZoneInfo("Europe/Lisbon")
@@ -240,3 +241,121 @@ def test_a_cron_shows_its_zone_and_equals_one_made_alike() -> None:
     assert lisbon != Cron("0 9 * * *", tz="UTC") and lisbon != Cron(
         "0 10 * * *", tz="Europe/Lisbon"
     )
+
+
+REFUSALS = {
+    "a negative part": (
+        lambda: Every(days=-1),
+        "every(): days=-1: must be >= 0 days",
+    ),
+    "no interval": (
+        Every,
+        "an interval must be longer than zero: pass days=, hours=, minutes= or seconds=, "
+        "for example every(minutes=5)",
+    ),
+    "past 100 years": (
+        lambda: Every(days=36525, seconds=1),
+        "an interval of 3.15576e+09s is too long: the most is 3.15576e+09s (100 years), "
+        "so that every tick is a date Python can show",
+    ),
+    "an unknown @ name": (
+        lambda: Cron("@often"),
+        "cron '@often': the @ names are @yearly, @annually, @monthly, @weekly, @daily, "
+        "@midnight, @hourly",
+    ),
+    "@reboot": (
+        lambda: Cron("@Reboot"),
+        "cron '@Reboot': the @ names are @yearly, @annually, @monthly, @weekly, @daily, "
+        "@midnight, @hourly (for @reboot, use run_on_startup=True)",
+    ),
+    "a wrong expression": (
+        lambda: Cron("x y"),
+        "invalid cron expression 'x y' (Wrong number of fields): use 5 fields "
+        "'minute hour day month weekday' or 6 with seconds first, for example "
+        "'0 7 * * mon-fri'",
+    ),
+    "one that never ticks": (
+        lambda: Cron("* * */8 * 0#5"),
+        "cron '* * */8 * 0#5' never ticks: no date has both its day of month and its "
+        "weekday (when one of the two starts with '*', a date must match both); "
+        "change one of them",
+    ),
+    "a zone not a name": (
+        lambda: Cron("0 7 * * *", tz=5),  # type: ignore[arg-type]
+        "tz= takes an IANA name or a tzinfo, got 5",
+    ),
+    "an unknown zone": (
+        lambda: Cron("0 7 * * *", tz="Mars/Olympus"),
+        "unknown timezone 'Mars/Olympus': use an IANA name such as 'Europe/Lisbon' or "
+        "'UTC' (on a system without tz data, install the tzdata package)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_each_refusal_says_its_words_whole(case: str) -> None:
+    """Each refusal of a schedule, compared whole (a part matched let words
+    added around it pass)."""
+    make, said = REFUSALS[case]
+    with pytest.raises(ConfigurationError) as raised:
+        make()
+    assert str(raised.value) == said
+
+
+def test_an_interval_of_exactly_100_years_is_taken() -> None:
+    assert Every(days=36525).interval == timedelta(days=36525)
+
+
+def test_utc_is_a_zone_in_any_case_of_letters() -> None:
+    """'utc' is UTC (the tz database has no file of that name)."""
+    for name in ("utc", "Utc", "UTC"):
+        assert Cron("0 * * * *", tz=name).tz is UTC
+
+
+def test_a_description_shows_each_unit_and_the_seconds_left() -> None:
+    assert Every(minutes=1, seconds=30).describe() == "every 1m30s"
+    assert Every(days=1, hours=2, seconds=5).describe() == "every 1d2h5s"
+    assert Every(hours=1).describe() == "every 1h"
+    assert Every(seconds=0.5).describe() == "every 0.5s"
+
+
+def test_an_hourly_cron_ticks_at_both_passes_of_a_repeated_hour() -> None:
+    """An expression with '*' in its hour is no wall time: it ticks at each
+    instant whose wall time matches, so twice in Lisbon's repeated 01:00 (at
+    00:00 and 01:00 UTC on 2026-10-25), where a fixed time of day runs once."""
+    hourly = Cron("0 * * * *", tz="Europe/Lisbon")
+    at = ts(2026, 10, 24, 23, 30)
+    ticks = []
+    for _ in range(3):
+        at = hourly.next_after(at)
+        ticks.append(at)
+    assert ticks == [ts(2026, 10, 25, 0), ts(2026, 10, 25, 1), ts(2026, 10, 25, 2)]
+    once = Cron("0 1 * * *", tz="Europe/Lisbon")
+    assert once.next_after(ts(2026, 10, 24, 23, 30)) == ts(2026, 10, 25, 0)
+    assert once.next_after(ts(2026, 10, 25, 0)) == ts(2026, 10, 26, 1)
+
+
+@pytest.mark.parametrize("period_us", [2, 3, 5])
+def test_a_few_microsecond_interval_past_2242_gives_the_first_tick_a_float_tells_apart(
+    period_us: int,
+) -> None:
+    """Past 2**33 s a float steps by about 4 µs: of the ticks after ``ts``, the
+    first whose float is past it, never a later one."""
+    every = Every(seconds=period_us / 1_000_000)
+    for step in range(40):
+        at = 2**34 + step / 1_000_000
+        first = as_us(at) // period_us * period_us  # the tick at or before it, in µs
+        candidates = ((first + k * period_us) / 1_000_000 for k in range(1, 20))
+        assert every.next_after(at) == next(t for t in candidates if t > at), at
+
+
+def test_only_a_five_field_fixed_time_is_a_wall_time_across_a_half_hour_shift() -> None:
+    """Lord Howe goes from +11 to +10:30 at 15:00 UTC on 2026-04-04, so 01:30 comes
+    twice. A time with seconds (six fields) ticks at both; a minute with '*' in
+    the hour ticks at each match, the half hour after the shift among them."""
+    zone = "Australia/Lord_Howe"
+    with_seconds = Cron("0 30 1 * * *", tz=zone)
+    assert with_seconds.next_after(ts(2026, 4, 4, 14)) == ts(2026, 4, 4, 14, 30)
+    assert with_seconds.next_after(ts(2026, 4, 4, 14, 30)) == ts(2026, 4, 4, 15)
+    assert Cron("30 1 * * *", tz=zone).next_after(ts(2026, 4, 4, 14, 30)) == ts(2026, 4, 5, 15)
+    assert Cron("30 * * * *", tz=zone).next_after(ts(2026, 4, 4, 14, 30)) == ts(2026, 4, 4, 15)
