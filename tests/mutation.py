@@ -7,6 +7,7 @@ each mutant tested by the tests that reach its function alone; then it prints
 a table per module: mutants, killed, survived, timed out, no test, not run
 yet, the score (killed or timed out, of those run), and the wall time.
 ``--resume`` runs only the mutants not run yet (a run stopped midway goes on);
+``--survivors`` only those that survived the last run (the score after new tests);
 ``--sample N`` one in N, every Nth in the module's order (the score of a module
 too large to run whole in a session);
 ``--report`` prints the table of the last runs without running anything;
@@ -43,17 +44,17 @@ def as_path(module: str) -> str:
     return module if module.endswith(".py") else module.replace(".", "/") + ".py"
 
 
-def run(path: str, children: int, resume: bool, sample: int) -> float:
-    """Mutate one module and test its mutants (``resume``: those not run yet
-    alone; ``sample``: every that many, in the module's order); returns the wall
-    time in seconds."""
+def run(path: str, children: int, only: str | None, sample: int) -> float:
+    """Mutate one module and test its mutants (``only``: those of that status
+    in the last run, "not run" or "survived"; ``sample``: every that many, in
+    the module's order); returns the wall time in seconds."""
     dotted = path.removesuffix(".py").replace("/", ".")
     names = [f"{dotted}.*"]
-    if (resume or sample > 1) and (ROOT / "mutants" / f"{path}.meta").exists():
+    if (only or sample > 1) and (ROOT / "mutants" / f"{path}.meta").exists():
         found = codes(path)
         names = list(found)[::sample]
-        if resume:
-            names = [name for name in names if found[name] is None]
+        if only:
+            names = [name for name in names if status(found[name]) == only]
         if not names:
             return 0.0
     mutmut = Path(sys.executable).with_name("mutmut")
@@ -73,12 +74,14 @@ def codes(path: str) -> dict[str, int | None]:
     return found
 
 
+def status(code: int | None) -> str:
+    """The status of a mutant whose last run exited with ``code`` (None: not run)."""
+    return STATUS.get(code, "suspicious") if code is not None else "not run"
+
+
 def counts(path: str) -> Counter[str]:
     """Each status's count among one module's mutants, from mutmut's last run."""
-    return Counter(
-        STATUS.get(code, "suspicious") if code is not None else "not run"
-        for code in codes(path).values()
-    )
+    return Counter(status(code) for code in codes(path).values())
 
 
 def table(paths: list[str], seconds: dict[str, float]) -> str:
@@ -113,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=4, help="mutants tested at once")
     parser.add_argument("--report", action="store_true", help="print the last runs' table only")
     parser.add_argument("--resume", action="store_true", help="run only the mutants not run yet")
+    parser.add_argument(
+        "--survivors", action="store_true", help="run again only those that survived"
+    )
     parser.add_argument("--sample", type=int, default=1, help="run every SAMPLEth mutant")
     args = parser.parse_args(argv)
     paths = [as_path(module) for module in args.modules] or configured()
@@ -123,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("mutmut is not installed here: pip install -e . --group dev")
     times = ROOT / "mutants" / "mutation-times.json"  # each module's last run, for --report
     seconds = json.loads(times.read_text()) if times.exists() else {}
+    if args.resume and args.survivors:
+        parser.error("--resume or --survivors, not both")
+    only = "not run" if args.resume else "survived" if args.survivors else None
     for path in [] if args.report else paths:
-        took = run(path, args.children, args.resume, args.sample)
+        took = run(path, args.children, only, args.sample)
         if took:  # 0: nothing left to run
-            seconds[path] = seconds.get(path, 0.0) + took if args.resume else took
+            seconds[path] = seconds.get(path, 0.0) + took if only else took
         times.parent.mkdir(exist_ok=True)
         times.write_text(json.dumps(seconds, indent=1))
     print(table(paths, {path: seconds[path] for path in paths if path in seconds}))

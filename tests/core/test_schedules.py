@@ -258,6 +258,14 @@ REFUSALS = {
         "an interval of 3.15576e+09s is too long: the most is 3.15576e+09s (100 years), "
         "so that every tick is a date Python can show",
     ),
+    "a negative offset": (
+        lambda: Every(minutes=5, offset=-1),
+        "every(): offset=-1: must be >= 0 seconds",
+    ),
+    "an offset not shorter": (
+        lambda: Every(minutes=5, offset=300),
+        "offset=300 must be >= 0 and shorter than the interval (0:05:00)",
+    ),
     "an unknown @ name": (
         lambda: Cron("@often"),
         "cron '@often': the @ names are @yearly, @annually, @monthly, @weekly, @daily, "
