@@ -37,7 +37,7 @@ from .._logging import job_logger
 from .._policies import Jittered
 from .._redaction import error_text
 from .._results import Manual, RunEnd, SkipReason, lease_lost, replaced
-from .._schedules import Every
+from .._schedules import Every, Schedule
 from .._status import ErrorInfo, JobStats
 from .._store import Ended, Store
 from .attempt import run_once
@@ -452,7 +452,7 @@ class JobRunner:
         job's schedule (changed, or removed, on another instance since this one
         read it). Freed; the change is read at once, and the runner of its new
         version runs the tick if the change kept it (`handed`)."""
-        tick, successor = self.due, self.successor
+        tick, successor = self.due, self.heir()
         self.free()
         if successor is not None:  # the change is read here already
             successor.handed(tick, None)
@@ -473,21 +473,36 @@ class JobRunner:
         """Retired with a claim made before the change and not run (woken after
         it): the claim goes to the successor, if any, to run under the new
         version; else it is released unrun."""
-        successor, fence, tick = self.successor, self.fence, self.due
+        successor, fence, tick = self.heir(), self.fence, self.due
         if successor is None or fence is None:
             self.free()
             if successor is None:
                 self.changed_away(tick, "the schedule was removed")
             return
         self.fence, self.in_flight, self.woken = None, False, False
-        successor.handed(tick, fence, self.claimed_at)
+        successor.handed(tick, fence, self.claimed_at, self.job.schedule)
 
-    def handed(self, tick: float, fence: int | None, claimed_at: float = 0.0) -> None:
+    def heir(self) -> JobRunner | None:
+        """The runner of the job's current version: the successor's successor,
+        and so on, if it changed again meanwhile; None if it was removed."""
+        successor = self.successor
+        while successor is not None and successor.retired:
+            successor = successor.successor
+        return successor
+
+    def handed(
+        self,
+        tick: float,
+        fence: int | None,
+        claimed_at: float = 0.0,
+        old: Schedule | None = None,
+    ) -> None:
         """``tick``, taken by the runner this one replaced (the job's schedule
         changed as it went), is this runner's: run here under the new version if
         the change kept it (a tick of this schedule, and no later one due), with
         ``fence`` if its claim was made, else claimed now; otherwise counted as
-        skipped (``schedule_changed``) and its claim, if made, released unrun."""
+        skipped (``schedule_changed``) and its claim, if made, released unrun
+        (``old``: the schedule it was claimed under, see `_claim_after_handed`)."""
         tasks = self._tasks
         why = "the job is busy" if self.in_flight or self.stopping else self._drops(tick)
         if tasks is not None and why is None:
@@ -509,26 +524,35 @@ class JobRunner:
             self._claims.release_soon(Ended(self.job.name, fence, None, None, 0.0, 0))
         self.changed_away(tick, why or "the scheduler is stopping")
         if fence is not None and tasks is not None and not self.stopping:
-            self._claim_after_handed(tasks, tick)
+            self._claim_after_handed(tasks, tick, old)
 
-    def _claim_after_handed(self, tasks: Spawning, handed: float) -> None:
+    def _claim_after_handed(self, tasks: Spawning, handed: float, old: Schedule | None) -> None:
         """A claim handed over unrun (a later tick of this version is due, or
-        this runner's own is taken) is given back: the claims of this version's
-        ticks made meanwhile, here and on every peer, were refused while it held
-        the job's row, so none of them runs unless claimed again. The latest
-        due is, once: now if the job is free; if this runner's own claim is on
-        its way, once more should the store refuse it (`lost`). (No tick after
-        ``handed`` was claimed by anyone since: the store refuses a claim of a
-        tick older than its row's, so the handed claim would not have been made.)"""
+        this runner's own is taken) is given back: the claims of the ticks due
+        meanwhile, here and on every peer, were refused while it held the job's
+        row, so none of them runs unless claimed again. The latest due is, once:
+        now if the job is free; if this runner's own claim is on its way, once
+        more should the store refuse it (`lost`). Only a tick someone claimed:
+        this runner's own (its `due`), or one of the version claimed under
+        (``old``); not one of a new version that came due before it existed.
+        (No tick after ``handed`` was claimed by anyone since: the store refuses
+        a claim older than its row's, so the handed claim would not have been
+        made; but a ``replace`` job's claim takes a held row over, so its
+        tick may have run.)"""
+        if self.job.overlap == "replace":
+            return
         if self.in_flight:
             if self.fence is None and self.manual is None and not self.woken:
                 self._claim_again = self.due
             return
         try:
             latest = self.job.schedule.last_at_or_before(self.clock.now())
+            claimed = latest == self.due or (
+                old is not None and old.last_at_or_before(latest) == latest
+            )
         except Exception:  # noqa: BLE001 - a schedule of the user's (`_drops` said so)
             return
-        if latest > handed:
+        if claimed and handed < latest and latest >= self.paused_until:
             tasks.dispatcher.claim_now(self, latest)
 
     def changed_away(self, tick: float, why: str) -> None:

@@ -367,6 +367,126 @@ async def test_a_tick_refused_under_a_late_claim_handed_over_unrun_runs_after_al
         assert status.skipped == {"schedule_changed": 1, "claimed_elsewhere": 1}
 
 
+def answered_late() -> tuple[AnsweredLate, Ran, Scheduler]:
+    """A scheduler on a store whose answers `AnsweredLate` can hold, with the
+    ``report`` task; the runs it notes."""
+    clock = LoopClock(START)
+    store = AnsweredLate(MemoryDatabase(clock), timeout=20, lease=90)
+    ran: Ran = []
+    return store, ran, with_report(ran, Scheduler(clock=clock, store=store))
+
+
+def _replaced(tenant: str) -> list[ScheduleSpec]:
+    """"report-a" every 10 s, whose tick replaces a run (or a claim) in flight."""
+    options = {"overlap": "replace"}
+    return [ScheduleSpec("report-a", "report", Every(seconds=10), {"tenant": tenant}, options)]
+
+
+async def test_a_handed_claim_given_back_claims_no_tick_of_a_version_newer_than_it() -> None:
+    """Every 10 s, 20's claim answered late; the set is applied at 22 with every
+    3 s; 20's answer at 23. 20 is not run, nor 21: a tick of the new version that
+    came due before it existed, which nobody claimed. The new version runs from
+    24."""
+    store, ran, scheduler = answered_late()
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _report("a"))
+        await anyio.sleep(15)
+        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await anyio.sleep(7)
+        await scheduler.apply_schedules("g", _report("b", every=3))
+        await anyio.sleep(1)
+        store.answer.set()
+        await anyio.sleep(5.5)
+    assert [(tenant, at) for _, tenant, at in ran] == [("a", 10.0), ("b", 24.0), ("b", 27.0)]
+
+
+async def test_a_tick_held_back_under_the_old_version_runs_under_the_new() -> None:
+    """20's claim answered late; 30 comes while the job is busy with that claim
+    (counted overlap; refused on any peer); the set is applied at 32, keeping
+    the ticks; 20's answer at 33: 30 runs, late. (Its overlap count stays.)"""
+    store, ran, scheduler = answered_late()
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _report("a"))
+        await anyio.sleep(15)
+        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await anyio.sleep(17)
+        await scheduler.apply_schedules("g", _report("b"))
+        await anyio.sleep(1)
+        store.answer.set()
+        await anyio.sleep(3)
+        status = scheduler.job_status("report-a")
+    assert [(tenant, at) for _, tenant, at in ran] == [("a", 10.0), ("b", 30.0)]
+    assert status.skipped == {"schedule_changed": 1, "overlap": 1}
+
+
+async def test_a_replace_jobs_tick_run_over_a_handed_claim_is_not_claimed_again() -> None:
+    """overlap="replace": the new version's claim of 30 takes the row over from
+    20's claim, answered late, and runs; 20's answer at 36 claims nothing again,
+    so 30 is not counted claimed elsewhere."""
+    store, ran, scheduler = answered_late()
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _replaced("a"))
+        await anyio.sleep(15)
+        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await anyio.sleep(10)
+        await scheduler.apply_schedules("g", _replaced("b"))
+        await anyio.sleep(11)
+        store.answer.set()
+        await anyio.sleep(2)
+        status = scheduler.job_status("report-a")
+    assert [(tenant, at) for _, tenant, at in ran] == [("a", 10.0), ("b", 30.0)]
+    assert status.skipped == {"schedule_changed": 1}
+
+
+async def test_a_claim_handed_over_two_changes_goes_to_the_version_in_force() -> None:
+    """20's claim answered late while the set is applied twice (at 25 and 26):
+    the claim goes to the runner of the last version, not the retired middle
+    one, and 30, refused under it, runs."""
+    store, ran, scheduler = answered_late()
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _report("a"))
+        await anyio.sleep(15)
+        store.answer, store.late = anyio.Event(), frozenset({at + 20, at + 30})
+        await anyio.sleep(10)
+        await scheduler.apply_schedules("g", _report("b"))
+        await anyio.sleep(1)
+        await scheduler.apply_schedules("g", _report("c"))
+        await anyio.sleep(5)
+        store.answer.set()
+        await anyio.sleep(20)
+    assert [(tenant, at) for _, tenant, at in ran] == [
+        ("a", 10.0),
+        ("c", 30.0),
+        ("c", 40.0),
+        ("c", 50.0),
+    ]
+
+
+async def test_a_paused_jobs_tick_is_not_claimed_again_after_a_handed_claim() -> None:
+    """20's claim answered late; the set is applied at 25, the job paused at 26;
+    30 is counted paused, once: 20's answer at 36 claims nothing again."""
+    store, ran, scheduler = answered_late()
+    at = START.timestamp()
+    async with scheduler.running():
+        await scheduler.apply_schedules("g", _report("a"))
+        await anyio.sleep(15)
+        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await anyio.sleep(10)
+        await scheduler.apply_schedules("g", _report("b"))
+        await anyio.sleep(1)
+        await scheduler.pause("report-a")
+        await anyio.sleep(10)
+        store.answer.set()
+        await anyio.sleep(1)
+        status = scheduler.job_status("report-a")
+    assert [(tenant, at) for _, tenant, at in ran] == [("a", 10.0)]
+    assert status.skipped == {"schedule_changed": 1, "paused": 1}
+
+
 @pytest.mark.parametrize("change", list(CHANGES))
 async def test_a_change_made_elsewhere_under_a_tick_is_told_and_the_tick_kept_runs_once(
     change: str, caplog: pytest.LogCaptureFixture
