@@ -54,7 +54,8 @@ async def drain(
     if threads:
         logger.warning(
             "shutdown: the thread(s) of job(s) %s are still running and cannot be "
-            "interrupted; the process exits when they return",
+            "interrupted; the process exits when they return, unless a signal's "
+            "default action ends it first (uvicorn re-raises SIGTERM, which does)",
             ", ".join(repr(name) for name in threads),
         )
 

@@ -196,9 +196,7 @@ class JobRunner:
         self._keep = keep
         self._retry_wait: anyio.CancelScope | None = None  # a retry's wait, which stop() ends
         self._catch_up: float | None = None  # the missed tick announced at start
-        # The tick whose claim, on its way, the predecessor's claim may have had
-        # refused: claimed once more if so (`_claim_after_handed`).
-        self._claim_again: float | None = None
+        self._claim_again: float | None = None  # see `_claim_after_handed`
         self.lease: Lease | None = None  # the claimed run's, while it goes
 
     @property

@@ -2,7 +2,9 @@
 
 Every job run writes rows to a SQLite file (JOBS_TEST_DB): ("slow", "start"),
 ("slow", "end"), ("ticker", "start"), and ("app", "shutdown") the moment the
-lifespan starts shutting down, before the scheduler drains.
+lifespan starts shutting down, before the scheduler drains. With
+SYNC_RUN_SECONDS, a sync job ("sync") sleeps that long in its thread, between
+its "start" and "end" rows.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ async def slow() -> None:
 async def ticker() -> None:
     # The moment the run started on the loop, not when a thread got to write it.
     await anyio.to_thread.run_sync(record, "ticker", "start", time.time())
+
+
+if "SYNC_RUN_SECONDS" in os.environ:
+
+    @scheduler.every(minutes=1, run_on_startup=True)
+    def sync() -> None:
+        record("sync", "start")
+        time.sleep(float(os.environ["SYNC_RUN_SECONDS"]))
+        record("sync", "end")
 
 
 @asynccontextmanager

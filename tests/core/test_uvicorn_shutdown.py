@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import pytest
+
 from ..support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +92,30 @@ def test_sigterm_cuts_a_run_past_the_shutdown_timeout_and_names_it(tmp_path: Pat
     assert took < 15  # not the 600 s of the run
     assert [e for job, e, _ in events(db) if job == "slow"] == ["start"]
     assert "job 'slow' was still running at the shutdown deadline (0.5s): cancelling it" in output
+
+
+# SIGTERM's run is long: a shutdown slowed by a loaded machine still ends before it.
+@pytest.mark.parametrize(
+    ("stop", "seconds", "finished"), [(signal.SIGINT, "3", True), (signal.SIGTERM, "60", False)]
+)
+def test_a_sync_run_past_the_shutdown_timeout_ends_as_the_docs_table_says(
+    tmp_path: Path, stop: signal.Signals, seconds: str, finished: bool
+) -> None:
+    """A sync job's thread still running at the deadline is named; on SIGINT the
+    process waits for it to return, on SIGTERM uvicorn's re-raised signal ends
+    the process and the thread with it (docs/guides/jobs.md, Shutdown)."""
+    db = tmp_path / "events.sqlite3"
+    env = {"SYNC_RUN_SECONDS": seconds, "SLOW_RUN_SECONDS": "0.1", "SHUTDOWN_TIMEOUT": "0.5"}
+    with uvicorn_app(db, **env) as proc:
+        wait_until(lambda: any(e[:2] == ("sync", "start") for e in events(db)))
+        proc.send_signal(stop)
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        output = proc.stdout.read()
+    assert "the thread(s) of job(s) 'sync' are still running" in output
+    assert [e for job, e, _ in events(db) if job == "sync"] == (
+        ["start", "end"] if finished else ["start"]
+    )
 
 
 def test_uvicorn_workers_without_a_store_warn_once_per_worker(tmp_path: Path) -> None:
