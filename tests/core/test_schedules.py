@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -243,13 +244,13 @@ def test_a_cron_shows_its_zone_and_equals_one_made_alike() -> None:
     )
 
 
-REFUSALS = {
+REFUSALS: dict[str, tuple[Callable[[], object], str]] = {
     "a negative part": (
         lambda: Every(days=-1),
         "every(): days=-1: must be >= 0 days",
     ),
     "no interval": (
-        Every,
+        lambda: Every(),
         "an interval must be longer than zero: pass days=, hours=, minutes= or seconds=, "
         "for example every(minutes=5)",
     ),

@@ -377,9 +377,9 @@ def answered_late() -> tuple[AnsweredLate, Ran, Scheduler]:
 
 
 def _replaced(tenant: str) -> list[ScheduleSpec]:
-    """"report-a" every 10 s, whose tick replaces a run (or a claim) in flight."""
-    options = {"overlap": "replace"}
-    return [ScheduleSpec("report-a", "report", Every(seconds=10), {"tenant": tenant}, options)]
+    """ "report-a" every 10 s, whose tick replaces a run (or a claim) in flight."""
+    every = Every(seconds=10)
+    return [ScheduleSpec("report-a", "report", every, {"tenant": tenant}, {"overlap": "replace"})]
 
 
 async def test_a_handed_claim_given_back_claims_no_tick_of_a_version_newer_than_it() -> None:
