@@ -327,6 +327,17 @@ class AnsweredLate(MemoryStore):
         return made
 
 
+async def tick_10_then_late(
+    store: AnsweredLate, scheduler: Scheduler, first: list[ScheduleSpec], *late: float
+) -> None:
+    """Apply ``first`` and let its tick 10 run; from then on the answers to the
+    claims of the ``late`` ticks (seconds after START) wait for ``store.answer``."""
+    await scheduler.apply_schedules("g", first)
+    await anyio.sleep(15)
+    store.answer = anyio.Event()
+    store.late = frozenset(START.timestamp() + tick for tick in late)
+
+
 @pytest.mark.parametrize("answered", ["the old first", "the new first"])
 async def test_a_tick_refused_under_a_late_claim_handed_over_unrun_runs_after_all(
     answered: str, caplog: pytest.LogCaptureFixture
@@ -342,12 +353,9 @@ async def test_a_tick_refused_under_a_late_claim_handed_over_unrun_runs_after_al
     store = AnsweredLate(MemoryDatabase(clock), timeout=20, lease=90)
     ran: Ran = []
     scheduler = with_report(ran, Scheduler(clock=clock, store=store))
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _report("a"))
-        await anyio.sleep(15)  # tick 10 runs
-        store.answer = anyio.Event()
-        store.late = frozenset({at + 20} if answered == "the new first" else {at + 20, at + 30})
+        late = (20,) if answered == "the new first" else (20, 30)
+        await tick_10_then_late(store, scheduler, _report("a"), *late)
         await anyio.sleep(10)  # 20's claim is made, unanswered
         await scheduler.apply_schedules("g", _report("b"))
         await anyio.sleep(6)  # 30's claim is refused: 20's holds the row
@@ -388,11 +396,8 @@ async def test_a_handed_claim_given_back_claims_no_tick_of_a_version_newer_than_
     came due before it existed, which nobody claimed. The new version runs from
     24."""
     store, ran, scheduler = answered_late()
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _report("a"))
-        await anyio.sleep(15)
-        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await tick_10_then_late(store, scheduler, _report("a"), 20)
         await anyio.sleep(7)
         await scheduler.apply_schedules("g", _report("b", every=3))
         await anyio.sleep(1)
@@ -406,11 +411,8 @@ async def test_a_tick_held_back_under_the_old_version_runs_under_the_new() -> No
     (counted overlap; refused on any peer); the set is applied at 32, keeping
     the ticks; 20's answer at 33: 30 runs, late. (Its overlap count stays.)"""
     store, ran, scheduler = answered_late()
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _report("a"))
-        await anyio.sleep(15)
-        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await tick_10_then_late(store, scheduler, _report("a"), 20)
         await anyio.sleep(17)
         await scheduler.apply_schedules("g", _report("b"))
         await anyio.sleep(1)
@@ -426,11 +428,8 @@ async def test_a_replace_jobs_tick_run_over_a_handed_claim_is_not_claimed_again(
     20's claim, answered late, and runs; 20's answer at 36 claims nothing again,
     so 30 is not counted claimed elsewhere."""
     store, ran, scheduler = answered_late()
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _replaced("a"))
-        await anyio.sleep(15)
-        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await tick_10_then_late(store, scheduler, _replaced("a"), 20)
         await anyio.sleep(10)
         await scheduler.apply_schedules("g", _replaced("b"))
         await anyio.sleep(11)
@@ -446,11 +445,8 @@ async def test_a_claim_handed_over_two_changes_goes_to_the_version_in_force() ->
     the claim goes to the runner of the last version, not the retired middle
     one, and 30, refused under it, runs."""
     store, ran, scheduler = answered_late()
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _report("a"))
-        await anyio.sleep(15)
-        store.answer, store.late = anyio.Event(), frozenset({at + 20, at + 30})
+        await tick_10_then_late(store, scheduler, _report("a"), 20, 30)
         await anyio.sleep(10)
         await scheduler.apply_schedules("g", _report("b"))
         await anyio.sleep(1)
@@ -470,11 +466,8 @@ async def test_a_paused_jobs_tick_is_not_claimed_again_after_a_handed_claim() ->
     """20's claim answered late; the set is applied at 25, the job paused at 26;
     30 is counted paused, once: 20's answer at 36 claims nothing again."""
     store, ran, scheduler = answered_late()
-    at = START.timestamp()
     async with scheduler.running():
-        await scheduler.apply_schedules("g", _report("a"))
-        await anyio.sleep(15)
-        store.answer, store.late = anyio.Event(), frozenset({at + 20})
+        await tick_10_then_late(store, scheduler, _report("a"), 20)
         await anyio.sleep(10)
         await scheduler.apply_schedules("g", _report("b"))
         await anyio.sleep(1)
