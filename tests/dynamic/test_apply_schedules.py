@@ -349,10 +349,7 @@ async def test_a_tick_refused_under_a_late_claim_handed_over_unrun_runs_after_al
     back: 30 runs, late, under the new version. (Before, 30 ran nowhere, counted
     claimed elsewhere.) Whichever of the two answers is read first."""
     caplog.set_level(logging.INFO, "fastapi_jobs")
-    clock = LoopClock(START)
-    store = AnsweredLate(MemoryDatabase(clock), timeout=20, lease=90)
-    ran: Ran = []
-    scheduler = with_report(ran, Scheduler(clock=clock, store=store))
+    store, ran, scheduler = answered_late()
     async with scheduler.running():
         late = (20,) if answered == "the new first" else (20, 30)
         await tick_10_then_late(store, scheduler, _report("a"), *late)
